@@ -1,0 +1,74 @@
+// skippy: OpenAI-compatible LLM server with an exact prefix cache.
+//   skippy [serve] [--model PATH] ...   serve a GGUF (no --model: the built-in demo model)
+//   skippy make-model --arch llama|qwen35|mamba2 --out PATH ...
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "runtime/model_factory.h"
+#include "server/serve_command.h"
+
+namespace {
+
+void add_make_model_options(CLI::App& cmd, skippy::runtime::ModelSpec& spec, std::string& out) {
+    cmd.add_option("--arch", spec.arch, "llama (dense), qwen35 (hybrid), mamba2 (recurrent)")
+        ->capture_default_str();
+    cmd.add_option("-o,--out", out, "output GGUF path")->required();
+    cmd.add_option("--name", spec.name, "general.name (default skippy-random-<arch>)");
+    cmd.add_option("--layers", spec.n_layer, "number of layers")->capture_default_str();
+    cmd.add_option("--embd", spec.n_embd, "embedding size")->capture_default_str();
+    cmd.add_option("--heads", spec.n_head, "attention heads")->capture_default_str();
+    cmd.add_option("--heads-kv", spec.n_head_kv, "KV heads (GQA)")->capture_default_str();
+    cmd.add_option("--ffn", spec.n_ff, "feed-forward size")->capture_default_str();
+    cmd.add_option("--ctx", spec.n_ctx_train, "training context length")->capture_default_str();
+    cmd.add_option("--seed", spec.seed, "weight seed")->capture_default_str();
+    cmd.add_flag("--f16", spec.f16, "store weight matrices as f16 (default f32)");
+    cmd.add_option("--vocab", spec.vocab, "tokenizer: llama.cpp models/ggml-vocab-<NAME>.gguf")
+        ->capture_default_str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"skippy: an OpenAI-compatible LLM server with an exact prefix cache"};
+    app.require_subcommand(0, 1);
+    skippy::server::ServeConfig serve_config;
+    CLI::App* serve = app.add_subcommand("serve", "serve a model over the OpenAI API (default)");
+    skippy::server::add_serve_options(*serve, serve_config);
+
+    skippy::runtime::ModelSpec spec;
+    std::string out_path;
+    CLI::App* make_model = app.add_subcommand("make-model", "write a random-weight GGUF model");
+    add_make_model_options(*make_model, spec, out_path);
+
+    // `skippy` with no subcommand behaves like `skippy serve`, with serve's options.
+    if (argc > 1 && std::string(argv[1]).rfind("-", 0) == 0 && std::string(argv[1]) != "-h" &&
+        std::string(argv[1]) != "--help") {
+        std::vector<char*> args(argv, argv + argc);
+        static char serve_word[] = "serve";
+        args.insert(args.begin() + 1, serve_word);
+        try {
+            app.parse(static_cast<int>(args.size()), args.data());
+        } catch (const CLI::ParseError& e) {
+            return app.exit(e);
+        }
+    } else {
+        CLI11_PARSE(app, argc, argv);
+    }
+
+    try {
+        if (make_model->parsed()) {
+            skippy::runtime::make_random_model(spec, out_path);
+            std::cout << "wrote " << out_path << " ("
+                      << std::filesystem::file_size(out_path) / (1024 * 1024) << " MiB)\n";
+            return 0;
+        }
+        return skippy::server::run_serve(serve_config);
+    } catch (const std::exception& e) {
+        std::cerr << "skippy: " << e.what() << "\n";
+        return 1;
+    }
+}

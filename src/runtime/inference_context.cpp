@@ -1,0 +1,151 @@
+#include "runtime/inference_context.h"
+
+#include <stdexcept>
+#include <thread>
+
+#include "llama.h"
+
+namespace skippy::runtime {
+
+namespace {
+
+ggml_type parse_cache_type(const std::string& name) {
+    if (name == "f16") return GGML_TYPE_F16;
+    if (name == "f32") return GGML_TYPE_F32;
+    if (name == "bf16") return GGML_TYPE_BF16;
+    if (name == "q8_0") return GGML_TYPE_Q8_0;
+    if (name == "q4_0") return GGML_TYPE_Q4_0;
+    throw std::invalid_argument("unsupported KV cache type: " + name);
+}
+
+llama_state_seq_flags to_flags(StateScope scope) {
+    return scope == StateScope::PartialOnly ? LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+                                            : LLAMA_STATE_SEQ_FLAGS_NONE;
+}
+
+}  // namespace
+
+struct InferenceContext::BatchStorage {
+    llama_batch batch;
+};
+
+InferenceContext::InferenceContext(const Model& model, const ContextOptions& options)
+    : model_(model), options_(options) {
+    if (options_.n_threads <= 0) {
+        options_.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    }
+    if (options_.n_seq_max == 0 || options_.n_seq_max > 256) {
+        throw std::invalid_argument("n_seq_max must be in [1, 256]");
+    }
+    options_.n_ubatch = std::min(options_.n_ubatch, options_.n_batch);
+    llama_context_params params = llama_context_default_params();
+    params.n_ctx = options_.n_ctx;
+    params.n_batch = options_.n_batch;
+    params.n_ubatch = options_.n_ubatch;
+    params.n_seq_max = options_.n_seq_max;
+    params.n_threads = options_.n_threads;
+    params.n_threads_batch = options_.n_threads;
+    params.kv_unified = true;
+    params.no_perf = true;
+    params.flash_attn_type =
+        options_.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    params.type_k = parse_cache_type(options_.type_k);
+    params.type_v = parse_cache_type(options_.type_v);
+    ctx_ = llama_init_from_model(model.raw(), params);
+    if (ctx_ == nullptr) {
+        throw std::runtime_error("failed to create llama context");
+    }
+    batch_ = new BatchStorage{llama_batch_init(static_cast<int32_t>(options_.n_batch), 0, 1)};
+}
+
+InferenceContext::~InferenceContext() {
+    if (batch_ != nullptr) {
+        llama_batch_free(batch_->batch);
+        delete batch_;
+    }
+    if (ctx_ != nullptr) {
+        llama_free(ctx_);
+    }
+}
+
+uint32_t InferenceContext::n_ctx() const { return llama_n_ctx(ctx_); }
+
+void InferenceContext::batch_clear() {
+    n_batch_tokens_ = 0;
+    batch_->batch.n_tokens = 0;
+}
+
+int32_t InferenceContext::batch_add(Token token, Pos pos, SeqId seq, bool want_logits) {
+    if (n_batch_tokens_ >= static_cast<int32_t>(options_.n_batch)) {
+        throw std::logic_error("batch is full");
+    }
+    llama_batch& b = batch_->batch;
+    const int32_t i = n_batch_tokens_++;
+    b.token[i] = token;
+    b.pos[i] = pos;
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = seq;
+    b.logits[i] = want_logits ? 1 : 0;
+    b.n_tokens = n_batch_tokens_;
+    return i;
+}
+
+int32_t InferenceContext::decode() {
+    if (n_batch_tokens_ == 0) {
+        return 0;
+    }
+    return llama_decode(ctx_, batch_->batch);
+}
+
+std::span<const float> InferenceContext::logits_at(int32_t batch_index) const {
+    const float* logits = llama_get_logits_ith(ctx_, batch_index);
+    if (logits == nullptr) {
+        throw std::logic_error("no logits for batch index");
+    }
+    return {logits, static_cast<size_t>(model_.n_vocab())};
+}
+
+bool InferenceContext::seq_remove(SeqId seq, Pos p0, Pos p1) {
+    return llama_memory_seq_rm(llama_get_memory(ctx_), seq, p0, p1);
+}
+
+void InferenceContext::seq_copy(SeqId src, SeqId dst, Pos p0, Pos p1) {
+    llama_memory_seq_cp(llama_get_memory(ctx_), src, dst, p0, p1);
+}
+
+Pos InferenceContext::seq_pos_max(SeqId seq) const {
+    return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq);
+}
+
+Pos InferenceContext::seq_pos_min(SeqId seq) const {
+    return llama_memory_seq_pos_min(llama_get_memory(ctx_), seq);
+}
+
+void InferenceContext::clear_all() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+size_t InferenceContext::state_size(SeqId seq, StateScope scope) const {
+    return llama_state_seq_get_size_ext(ctx_, seq, to_flags(scope));
+}
+
+std::vector<uint8_t> InferenceContext::state_export(SeqId seq, StateScope scope) const {
+    std::vector<uint8_t> bytes(state_size(seq, scope));
+    const size_t written =
+        llama_state_seq_get_data_ext(ctx_, bytes.data(), bytes.size(), seq, to_flags(scope));
+    bytes.resize(written);
+    return bytes;
+}
+
+bool InferenceContext::state_import(std::span<const uint8_t> bytes, SeqId seq, StateScope scope) {
+    if (bytes.empty()) {
+        return false;
+    }
+    const size_t read =
+        llama_state_seq_set_data_ext(ctx_, bytes.data(), bytes.size(), seq, to_flags(scope));
+    if (read != bytes.size()) {
+        seq_clear(seq);
+        return false;
+    }
+    return true;
+}
+
+}  // namespace skippy::runtime

@@ -1,0 +1,90 @@
+// InferenceContext: one llama_context with `n_seq_max` sequence ids in a unified KV cache.
+// Sequence ids are handed out as request lanes and as spare cache sequences by the caller.
+//
+// Thread safety: NOT thread-safe. Exactly one thread (the scheduler's) owns an
+// InferenceContext and makes every call on it; other threads talk to that thread
+// through the scheduler's queue.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/model.h"
+
+struct llama_context;
+
+namespace skippy::runtime {
+
+using SeqId = int32_t;
+using Pos = int32_t;
+
+struct ContextOptions {
+    uint32_t n_ctx = 4096;     // total KV cells, shared by all sequences (unified KV)
+    uint32_t n_seq_max = 4;    // lanes + spare cache sequences
+    uint32_t n_batch = 512;    // max tokens per llama_decode call
+    uint32_t n_ubatch = 512;
+    int32_t n_threads = 0;     // 0 = hardware concurrency
+    bool flash_attn = false;
+    std::string type_k = "f16";
+    std::string type_v = "f16";
+};
+
+// Which part of a sequence's state to export/import.
+enum class StateScope {
+    Full,         // attention KV + recurrent state (llama_state_seq_*_ext flags = 0)
+    PartialOnly,  // only the partial state: recurrent/SWA (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+};
+
+class InferenceContext {
+public:
+    InferenceContext(const Model& model, const ContextOptions& options);
+    ~InferenceContext();
+    InferenceContext(const InferenceContext&) = delete;
+    InferenceContext& operator=(const InferenceContext&) = delete;
+
+    const Model& model() const { return model_; }
+    const ContextOptions& options() const { return options_; }
+    uint32_t n_ctx() const;
+    uint32_t n_batch() const { return options_.n_batch; }
+    uint32_t n_seq_max() const { return options_.n_seq_max; }
+
+    // ---- batch building and decoding ----
+    void batch_clear();
+    // Adds one token; returns its index in the batch (for logits_at).
+    int32_t batch_add(Token token, Pos pos, SeqId seq, bool want_logits);
+    int32_t batch_size() const { return n_batch_tokens_; }
+    // llama_decode: 0 ok, 1 no KV slot for the batch (caller may free space and retry),
+    // other values are errors. On failure the batch's tokens are not in the KV cache.
+    int32_t decode();
+    // Logits of the batch token at `batch_index` (must have been added with want_logits).
+    std::span<const float> logits_at(int32_t batch_index) const;
+
+    // ---- sequence operations ----
+    bool seq_remove(SeqId seq, Pos p0 = -1, Pos p1 = -1);
+    void seq_copy(SeqId src, SeqId dst, Pos p0 = -1, Pos p1 = -1);
+    void seq_clear(SeqId seq) { seq_remove(seq, -1, -1); }
+    Pos seq_pos_max(SeqId seq) const;  // -1 when empty
+    Pos seq_pos_min(SeqId seq) const;
+    void clear_all();
+
+    // ---- per-sequence state ----
+    size_t state_size(SeqId seq, StateScope scope) const;
+    std::vector<uint8_t> state_export(SeqId seq, StateScope scope) const;
+    // Returns false if llama.cpp rejected the bytes (the sequence is cleared then).
+    bool state_import(std::span<const uint8_t> bytes, SeqId seq, StateScope scope);
+
+    llama_context* raw() const { return ctx_; }
+
+private:
+    const Model& model_;
+    ContextOptions options_;
+    llama_context* ctx_ = nullptr;
+    struct BatchStorage;
+    BatchStorage* batch_ = nullptr;
+    int32_t n_batch_tokens_ = 0;
+};
+
+}  // namespace skippy::runtime

@@ -1,0 +1,83 @@
+// Model: a loaded GGUF model (weights + vocabulary) and what it reports about itself.
+//
+//   auto model = skippy::runtime::Model::load("/path/model.gguf");
+//   auto tokens = model->tokenize("hello", /*add_special=*/true, /*parse_special=*/true);
+//
+// Thread safety: a Model is immutable after load; tokenize/detokenize are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+struct llama_model;
+struct llama_vocab;
+
+namespace skippy::runtime {
+
+using Token = int32_t;
+
+// How the model keeps its per-sequence state; decides which cache payload is safe.
+enum class ModelKind {
+    Dense,      // attention only, full KV cache
+    Swa,        // attention with a sliding window on some layers
+    Hybrid,     // attention layers + recurrent layers (qwen3next, qwen35, jamba, ...)
+    Recurrent,  // recurrent only (mamba, mamba2, rwkv)
+};
+std::string_view model_kind_name(ModelKind kind);
+
+struct ModelLoadOptions {
+    int32_t n_gpu_layers = 0;
+    bool use_mmap = true;
+};
+
+class Model {
+public:
+    // Throws std::runtime_error when the file is missing or not a loadable GGUF.
+    static std::unique_ptr<Model> load(const std::string& path, const ModelLoadOptions& options = {});
+    ~Model();
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    std::vector<Token> tokenize(std::string_view text, bool add_special, bool parse_special) const;
+    std::string token_to_piece(Token token, bool render_special = false) const;
+    std::string detokenize(std::span<const Token> tokens, bool render_special = false) const;
+    bool is_end_of_generation(Token token) const;
+    bool is_valid_token(Token token) const { return token >= 0 && token < n_vocab(); }
+
+    int32_t n_vocab() const;
+    uint32_t n_ctx_train() const;
+    int32_t n_layer() const;
+    int32_t n_swa() const;
+    ModelKind kind() const { return kind_; }
+    const std::string& arch() const { return arch_; }
+    const std::string& name() const { return name_; }
+    const std::string& path() const { return path_; }
+    // Digest of the GGUF file bytes (weights identity for the prefix cache).
+    const std::string& weights_digest() const { return weights_digest_; }
+    std::string metadata(const std::string& key) const;  // "" when absent
+    uint64_t n_params() const;
+    uint64_t size_bytes() const;
+
+    llama_model* raw() const { return model_; }
+    const llama_vocab* vocab() const { return vocab_; }
+
+private:
+    Model() = default;
+    llama_model* model_ = nullptr;
+    const llama_vocab* vocab_ = nullptr;
+    ModelKind kind_ = ModelKind::Dense;
+    std::string arch_;
+    std::string name_;
+    std::string path_;
+    std::string weights_digest_;
+};
+
+// Initializes the llama.cpp backend once per process and routes its logging
+// (silent unless SKIPPY_LLAMA_LOG=1).
+void ensure_backend_initialized();
+
+}  // namespace skippy::runtime

@@ -1,0 +1,58 @@
+#include "server/generation_stream.h"
+
+namespace skippy::server {
+
+void GenerationStream::push(StreamEvent event) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (closed_) {
+            return;
+        }
+        if (event.kind != StreamEvent::Kind::Delta) {
+            closed_ = true;
+        }
+        events_.push_back(std::move(event));
+    }
+    ready_.notify_all();
+}
+
+void GenerationStream::push_delta(std::string text, std::vector<runtime::Token> tokens) {
+    StreamEvent event;
+    event.kind = StreamEvent::Kind::Delta;
+    event.text = std::move(text);
+    event.tokens = std::move(tokens);
+    push(std::move(event));
+}
+
+void GenerationStream::finish(const GenerationStats& stats) {
+    StreamEvent event;
+    event.kind = StreamEvent::Kind::Done;
+    event.stats = stats;
+    push(std::move(event));
+}
+
+void GenerationStream::fail(int http_status, std::string type, std::string message) {
+    StreamEvent event;
+    event.kind = StreamEvent::Kind::Error;
+    event.http_status = http_status;
+    event.error_type = std::move(type);
+    event.error_message = std::move(message);
+    push(std::move(event));
+}
+
+std::optional<StreamEvent> GenerationStream::next(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) {
+        return std::nullopt;
+    }
+    StreamEvent event = std::move(events_.front());
+    events_.pop_front();
+    return event;
+}
+
+bool GenerationStream::closed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return closed_;
+}
+
+}  // namespace skippy::server

@@ -1,0 +1,67 @@
+// GenerationStream: the channel between the scheduler thread (producer) and the HTTP
+// handler thread that waits for one request's output (consumer).
+//
+// Thread safety: all methods are safe to call concurrently; one mutex guards the event queue.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace skippy::server {
+
+struct GenerationStats {
+    int32_t prompt_tokens = 0;
+    int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache
+    int32_t completion_tokens = 0;  // sampled tokens (including a final end-of-generation token)
+    std::string finish_reason;      // "stop" or "length"
+    std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
+    double queue_ms = 0;
+    double time_to_first_token_ms = 0;
+    double total_ms = 0;
+};
+
+struct StreamEvent {
+    enum class Kind { Delta, Done, Error };
+    Kind kind = Kind::Delta;
+    std::string text;                          // Delta: new text
+    std::vector<runtime::Token> tokens;        // Delta: tokens that produced it
+    GenerationStats stats;                     // Done
+    int http_status = 500;                     // Error
+    std::string error_type;                    // Error
+    std::string error_message;                 // Error
+};
+
+class GenerationStream {
+public:
+    // ---- producer side (scheduler thread) ----
+    void push_delta(std::string text, std::vector<runtime::Token> tokens);
+    void finish(const GenerationStats& stats);
+    void fail(int http_status, std::string type, std::string message);
+
+    // ---- consumer side (HTTP thread) ----
+    // Waits up to `timeout` for the next event; nullopt on timeout.
+    std::optional<StreamEvent> next(std::chrono::milliseconds timeout);
+    // The client went away: the scheduler frees the lane at its next iteration.
+    void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+
+    bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+    bool closed() const;
+
+private:
+    void push(StreamEvent event);
+    mutable std::mutex mutex_;
+    std::condition_variable ready_;
+    std::deque<StreamEvent> events_;
+    bool closed_ = false;
+    std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace skippy::server

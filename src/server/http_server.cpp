@@ -1,0 +1,477 @@
+#include "server/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+#include <sstream>
+
+#include "cpp-httplib/httplib.h"
+#include "server/api_error.h"
+
+namespace skippy::server {
+
+using nlohmann::json;
+
+bool secrets_equal(const std::string& a, const std::string& b) {
+    const size_t n = std::max(a.size(), b.size());
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (size_t i = 0; i < n; ++i) {
+        const auto ca = static_cast<unsigned char>(i < a.size() ? a[i] : 0);
+        const auto cb = static_cast<unsigned char>(i < b.size() ? b[i] : 0);
+        diff = static_cast<unsigned char>(diff | (ca ^ cb));
+    }
+    return diff == 0;
+}
+
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+void send_error(httplib::Response& res, int status, const std::string& type,
+                const std::string& message, const std::string& param = "",
+                const std::string& code = "") {
+    res.status = status;
+    res.set_content(dump_json(error_body(status, type, message, param, code)), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    send_error(res, e.status, e.type, e.what(), e.param, e.code);
+}
+
+std::string random_id(const char* prefix) {
+    static std::atomic<uint64_t> counter{0};
+    static const uint64_t salt = std::random_device{}();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%012llx%04llx", prefix,
+                  static_cast<unsigned long long>(salt & 0xFFFFFFFFFFFFull),
+                  static_cast<unsigned long long>(counter.fetch_add(1) & 0xFFFF));
+    return buf;
+}
+
+json usage_json(const GenerationStats& stats) {
+    return json{{"prompt_tokens", stats.prompt_tokens},
+                {"completion_tokens", stats.completion_tokens},
+                {"total_tokens", stats.prompt_tokens + stats.completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", stats.cached_tokens}}}};
+}
+
+json skippy_json(const GenerationStats& stats) {
+    return json{{"cache", stats.cache_decision},
+                {"queue_ms", stats.queue_ms},
+                {"ttft_ms", stats.time_to_first_token_ms},
+                {"total_ms", stats.total_ms}};
+}
+
+std::string sse(const json& chunk) { return "data: " + dump_json(chunk) + "\n\n"; }
+
+}  // namespace
+
+struct HttpServer::Impl {
+    HttpServerOptions options;
+    Scheduler& scheduler;
+    const OpenAiRequestParser& parser;
+    std::string model_id;
+    std::function<std::string()> extra_metrics;
+    httplib::Server server;
+    std::time_t started = std::time(nullptr);
+
+    Impl(HttpServerOptions o, Scheduler& s, const OpenAiRequestParser& p, std::string id,
+         std::function<std::string()> m)
+        : options(std::move(o)),
+          scheduler(s),
+          parser(p),
+          model_id(std::move(id)),
+          extra_metrics(std::move(m)) {}
+
+    void setup();
+    void handle_generation(Endpoint endpoint, const httplib::Request& req,
+                           httplib::Response& res);
+    void respond_blocking(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
+                          const httplib::Request& req, httplib::Response& res);
+    void respond_streaming(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
+                           StreamEvent first, httplib::Response& res);
+    json response_object(const ParsedRequest& parsed, const std::string& id,
+                         const std::string& text, const std::vector<runtime::Token>& tokens,
+                         const GenerationStats& stats) const;
+    json chunk_object(const ParsedRequest& parsed, const std::string& id, const json& delta,
+                      const json& finish_reason) const;
+    std::string metrics_text() const;
+};
+
+void HttpServer::Impl::setup() {
+    server.set_payload_max_length(options.max_body_bytes);
+    const int threads = options.handler_threads > 0
+                            ? options.handler_threads
+                            : static_cast<int>(std::min<uint32_t>(
+                                  256, scheduler.options().lanes +
+                                           scheduler.options().max_queue_depth + 4));
+    server.new_task_queue = [threads] {
+        return new httplib::ThreadPool(static_cast<size_t>(threads));
+    };
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (options.api_key.empty() || req.path == "/health") {
+            return httplib::Server::HandlerResponse::Unhandled;
+        }
+        const std::string header = req.get_header_value("Authorization");
+        const std::string prefix = "Bearer ";
+        const std::string given =
+            header.rfind(prefix, 0) == 0 ? header.substr(prefix.size()) : std::string();
+        if (!secrets_equal(given, options.api_key)) {
+            send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                       "invalid_api_key");
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // Any error produced by httplib itself (404, 413, 400 ...) gets an OpenAI error body.
+    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) {
+            return;
+        }
+        std::string message = "error";
+        std::string type = "invalid_request_error";
+        if (res.status == 404) {
+            message = "Unknown endpoint: " + req.method + " " + req.path;
+        } else if (res.status == 413) {
+            message = "Request body is too large";
+        } else if (res.status == 405) {
+            message = "Method not allowed";
+        } else if (res.status >= 500) {
+            message = "Internal server error";
+            type = "server_error";
+        } else {
+            message = httplib::status_message(res.status);
+        }
+        res.set_content(dump_json(error_body(res.status, type, message)), "application/json");
+    });
+    server.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            std::string message = "internal error";
+            try {
+                std::rethrow_exception(ep);
+            } catch (const std::exception& e) {
+                message = e.what();
+            } catch (...) {
+            }
+            send_error(res, 500, "server_error", message);
+        });
+
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+        const auto stats = scheduler.stats();
+        res.set_content(dump_json(json{{"status", "ok"},
+                                       {"lanes", stats.lanes},
+                                       {"lanes_busy", stats.lanes_busy},
+                                       {"queued", stats.queued}}),
+                        "application/json");
+    });
+    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+        json data = json::array({json{{"id", model_id},
+                                      {"object", "model"},
+                                      {"created", static_cast<int64_t>(started)},
+                                      {"owned_by", "skippy"}}});
+        res.set_content(dump_json(json{{"object", "list"}, {"data", data}}), "application/json");
+    });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+    server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_generation(Endpoint::ChatCompletions, req, res);
+    });
+    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_generation(Endpoint::Completions, req, res);
+    });
+}
+
+std::string HttpServer::Impl::metrics_text() const {
+    const auto s = scheduler.stats();
+    std::ostringstream out;
+    auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+        out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
+            << name << ' ' << value << '\n';
+    };
+    metric("skippy_lanes", "gauge", "Request lanes.", s.lanes);
+    metric("skippy_lanes_busy", "gauge", "Lanes serving a request.", s.lanes_busy);
+    metric("skippy_requests_queued", "gauge", "Requests waiting for a lane.", s.queued);
+    metric("skippy_requests_completed_total", "counter", "Completed requests.",
+           s.requests_completed);
+    metric("skippy_requests_cancelled_total", "counter", "Requests cancelled by the client.",
+           s.requests_cancelled);
+    metric("skippy_requests_failed_total", "counter", "Requests that failed.", s.requests_failed);
+    metric("skippy_requests_rejected_total", "counter", "Requests refused at admission.",
+           s.requests_rejected);
+    metric("skippy_prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
+           s.prompt_tokens);
+    metric("skippy_cached_tokens_total", "counter", "Prompt tokens restored from the cache.",
+           s.cached_tokens);
+    metric("skippy_completion_tokens_total", "counter", "Generated tokens.", s.completion_tokens);
+    metric("skippy_decode_calls_total", "counter", "llama_decode batches.", s.decode_calls);
+    if (extra_metrics) {
+        out << extra_metrics();
+    }
+    return out.str();
+}
+
+json HttpServer::Impl::response_object(const ParsedRequest& parsed, const std::string& id,
+                                       const std::string& text,
+                                       const std::vector<runtime::Token>& tokens,
+                                       const GenerationStats& stats) const {
+    json choice = {{"index", 0}, {"finish_reason", stats.finish_reason}};
+    json out = {{"id", id},
+                {"created", static_cast<int64_t>(std::time(nullptr))},
+                {"model", parsed.model},
+                {"system_fingerprint", "skippy"},
+                {"usage", usage_json(stats)},
+                {"skippy", skippy_json(stats)}};
+    if (parsed.endpoint == Endpoint::ChatCompletions) {
+        out["object"] = "chat.completion";
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+        out["object"] = "text_completion";
+        choice["text"] = text;
+        choice["logprobs"] = nullptr;
+    }
+    if (parsed.return_token_ids) {
+        out["skippy"]["completion_token_ids"] = tokens;
+        out["skippy"]["prompt_token_count"] = parsed.generation.prompt.size();
+    }
+    out["choices"] = json::array({choice});
+    return out;
+}
+
+json HttpServer::Impl::chunk_object(const ParsedRequest& parsed, const std::string& id,
+                                    const json& delta, const json& finish_reason) const {
+    json choice = {{"index", 0}, {"finish_reason", finish_reason}};
+    json out = {{"id", id},
+                {"created", static_cast<int64_t>(std::time(nullptr))},
+                {"model", parsed.model},
+                {"system_fingerprint", "skippy"}};
+    if (parsed.endpoint == Endpoint::ChatCompletions) {
+        out["object"] = "chat.completion.chunk";
+        choice["delta"] = delta;
+    } else {
+        out["object"] = "text_completion";
+        choice["text"] = delta.value("content", "");
+        choice["logprobs"] = nullptr;
+    }
+    out["choices"] = json::array({choice});
+    return out;
+}
+
+void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Request& req,
+                                         httplib::Response& res) {
+    const std::string content_type = req.get_header_value("Content-Type");
+    if (content_type.rfind("application/json", 0) != 0) {
+        send_error(res, 415, "invalid_request_error",
+                   "Content-Type must be application/json (got '" + content_type + "')");
+        return;
+    }
+    ParsedRequest parsed;
+    try {
+        parsed = parser.parse(endpoint, req.body);
+    } catch (const ApiError& e) {
+        send_error(res, e);
+        return;
+    } catch (const std::invalid_argument& e) {
+        send_error(res, 400, "invalid_request_error", e.what());
+        return;
+    }
+    auto stream = std::make_shared<GenerationStream>();
+    switch (scheduler.submit(parsed.generation, stream)) {
+        case Admission::Accepted:
+            break;
+        case Admission::QueueFull:
+            res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+            send_error(res, 429, "rate_limit_error",
+                       "Server is busy: the request queue is full, retry later", "",
+                       "queue_full");
+            return;
+        case Admission::Stopped:
+            res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+            send_error(res, 503, "server_error", "Server is shutting down");
+            return;
+    }
+    if (!parsed.stream) {
+        respond_blocking(parsed, stream, req, res);
+        return;
+    }
+    // Wait for the first event so that errors before any output keep their HTTP status.
+    for (;;) {
+        auto event = stream->next(kPollInterval);
+        if (!event) {
+            if (req.is_connection_closed()) {
+                stream->cancel();
+                return;
+            }
+            continue;
+        }
+        if (event->kind == StreamEvent::Kind::Error) {
+            if (event->http_status == 503 || event->http_status == 429) {
+                res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+            }
+            send_error(res, event->http_status, event->error_type, event->error_message);
+            return;
+        }
+        respond_streaming(parsed, stream, std::move(*event), res);
+        return;
+    }
+}
+
+void HttpServer::Impl::respond_blocking(const ParsedRequest& parsed,
+                                        std::shared_ptr<GenerationStream> stream,
+                                        const httplib::Request& req, httplib::Response& res) {
+    std::string text;
+    std::vector<runtime::Token> tokens;
+    for (;;) {
+        auto event = stream->next(kPollInterval);
+        if (!event) {
+            if (req.is_connection_closed()) {
+                stream->cancel();
+                return;
+            }
+            continue;
+        }
+        switch (event->kind) {
+            case StreamEvent::Kind::Delta:
+                text += event->text;
+                tokens.insert(tokens.end(), event->tokens.begin(), event->tokens.end());
+                break;
+            case StreamEvent::Kind::Error:
+                if (event->http_status == 503 || event->http_status == 429) {
+                    res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+                }
+                send_error(res, event->http_status, event->error_type, event->error_message);
+                return;
+            case StreamEvent::Kind::Done:
+                res.set_content(
+                    dump_json(response_object(parsed, random_id(parsed.endpoint ==
+                                                                        Endpoint::ChatCompletions
+                                                                    ? "chatcmpl-"
+                                                                    : "cmpl-"),
+                                              text, tokens, event->stats)),
+                    "application/json");
+                return;
+        }
+    }
+}
+
+void HttpServer::Impl::respond_streaming(const ParsedRequest& parsed,
+                                         std::shared_ptr<GenerationStream> stream,
+                                         StreamEvent first, httplib::Response& res) {
+    const std::string id =
+        random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
+    auto first_event = std::make_shared<std::optional<StreamEvent>>(std::move(first));
+    auto role_sent = std::make_shared<bool>(false);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, parsed, stream, id, first_event, role_sent](size_t, httplib::DataSink& sink) {
+            auto write = [&](const std::string& data) {
+                if (!sink.write(data.data(), data.size())) {
+                    stream->cancel();
+                    return false;
+                }
+                return true;
+            };
+            if (parsed.endpoint == Endpoint::ChatCompletions && !*role_sent) {
+                *role_sent = true;
+                if (!write(sse(chunk_object(parsed, id, json{{"role", "assistant"}, {"content", ""}},
+                                            nullptr)))) {
+                    return false;
+                }
+            }
+            for (;;) {
+                std::optional<StreamEvent> event;
+                if (first_event->has_value()) {
+                    event = std::move(**first_event);
+                    first_event->reset();
+                } else {
+                    event = stream->next(kPollInterval);
+                }
+                if (!event) {
+                    if (!sink.is_writable()) {
+                        stream->cancel();
+                        return false;
+                    }
+                    continue;
+                }
+                if (event->kind == StreamEvent::Kind::Delta) {
+                    if (event->text.empty()) {
+                        continue;
+                    }
+                    json delta = {{"content", event->text}};
+                    if (parsed.return_token_ids) {
+                        delta["skippy_token_ids"] = event->tokens;
+                    }
+                    if (!write(sse(chunk_object(parsed, id, delta, nullptr)))) {
+                        return false;
+                    }
+                    continue;
+                }
+                if (event->kind == StreamEvent::Kind::Error) {
+                    write(sse(error_body(event->http_status, event->error_type,
+                                         event->error_message)));
+                    sink.done();
+                    return true;
+                }
+                json last = chunk_object(parsed, id, json::object(), event->stats.finish_reason);
+                last["skippy"] = skippy_json(event->stats);
+                if (!write(sse(last))) {
+                    return false;
+                }
+                if (parsed.include_usage) {
+                    json usage_chunk = chunk_object(parsed, id, json::object(), nullptr);
+                    usage_chunk["choices"] = json::array();
+                    usage_chunk["usage"] = usage_json(event->stats);
+                    if (!write(sse(usage_chunk))) {
+                        return false;
+                    }
+                }
+                write("data: [DONE]\n\n");
+                sink.done();
+                return true;
+            }
+        },
+        [stream](bool) {
+            // Connection finished (normally or not): make sure the lane is freed.
+            if (!stream->closed()) {
+                stream->cancel();
+            }
+        });
+}
+
+HttpServer::HttpServer(HttpServerOptions options, Scheduler& scheduler,
+                       const OpenAiRequestParser& parser, std::string model_id,
+                       std::function<std::string()> extra_metrics)
+    : impl_(std::make_unique<Impl>(std::move(options), scheduler, parser, std::move(model_id),
+                                   std::move(extra_metrics))) {
+    impl_->setup();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+    int port = impl_->options.port;
+    if (port == 0) {
+        port = impl_->server.bind_to_any_port(impl_->options.host);
+        if (port < 0) {
+            throw std::runtime_error("cannot bind to " + impl_->options.host);
+        }
+    } else if (!impl_->server.bind_to_port(impl_->options.host, port)) {
+        throw std::runtime_error("cannot bind to " + impl_->options.host + ":" +
+                                 std::to_string(port));
+    }
+    impl_->options.port = port;
+    return port;
+}
+
+void HttpServer::listen() { impl_->server.listen_after_bind(); }
+
+void HttpServer::stop() {
+    if (impl_ && impl_->server.is_running()) {
+        impl_->server.stop();
+    }
+}
+
+}  // namespace skippy::server

@@ -1,0 +1,112 @@
+// Scheduler: owns the InferenceContext on one thread and runs continuous batching over
+// `lanes` request lanes (sequence ids 0..lanes-1). Every iteration it admits queued
+// requests to free lanes (restoring cached prefixes through the stage), then puts the
+// decode steps of generating lanes and prefill chunks of prefilling lanes into one
+// llama_decode batch, samples, streams and finishes requests.
+//
+// Thread safety: submit(), stats() and stop() may be called from any thread; they touch
+// only the admission queue under `queue_mutex_`. Everything else runs on the scheduler
+// thread, which is the only thread that calls into the InferenceContext or the stage.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/inference_context.h"
+#include "runtime/sampler.h"
+#include "server/generation_stream.h"
+#include "stage/stage_backend.h"
+
+namespace skippy::server {
+
+struct GenerationRequest {
+    std::vector<runtime::Token> prompt;
+    int32_t max_tokens = 256;
+    runtime::SamplingParams sampling;
+    std::vector<std::string> stop;
+    bool ignore_eos = false;
+    std::vector<int32_t> message_boundaries;  // structural record positions
+    std::string cache_namespace;
+    bool cache_enabled = true;
+};
+
+struct SchedulerOptions {
+    uint32_t lanes = 4;
+    runtime::ContextOptions context;  // n_seq_max is computed: lanes + stage spares
+    uint32_t max_queue_depth = 64;    // requests waiting for a lane beyond this are refused
+    std::chrono::milliseconds queue_timeout{60000};
+};
+
+struct SchedulerStats {
+    uint32_t lanes = 0;
+    uint32_t lanes_busy = 0;
+    uint32_t queued = 0;
+    uint64_t requests_completed = 0;
+    uint64_t requests_cancelled = 0;
+    uint64_t requests_failed = 0;
+    uint64_t requests_rejected = 0;
+    uint64_t prompt_tokens = 0;
+    uint64_t cached_tokens = 0;
+    uint64_t completion_tokens = 0;
+    uint64_t decode_calls = 0;
+};
+
+enum class Admission { Accepted, QueueFull, Stopped };
+
+class Scheduler {
+public:
+    Scheduler(const runtime::Model& model, SchedulerOptions options,
+              std::unique_ptr<stage::StageBackend> stage);
+    ~Scheduler();
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    // Never blocks on inference. The stream receives the output or an error.
+    Admission submit(GenerationRequest request, std::shared_ptr<GenerationStream> stream);
+    SchedulerStats stats() const;
+    void stop();
+
+    uint32_t n_ctx() const { return n_ctx_; }
+    const SchedulerOptions& options() const { return options_; }
+    stage::StageBackend& stage() { return *stage_; }
+
+private:
+    struct Pending;
+    struct Slot;
+    void run();
+    void admit_pending(std::deque<Pending>& pending);
+    bool start_slot(Slot& slot, Pending&& pending);
+    void step();
+    void release_slot(Slot& slot);
+    void finish_slot(Slot& slot, const std::string& finish_reason);
+    void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
+    void sample_slot(Slot& slot, int32_t batch_index);
+
+    const runtime::Model& model_;
+    SchedulerOptions options_;
+    std::unique_ptr<stage::StageBackend> stage_;
+    std::unique_ptr<runtime::InferenceContext> context_;
+    uint32_t n_ctx_ = 0;
+    std::vector<std::unique_ptr<Slot>> slots_;
+
+    mutable std::mutex queue_mutex_;
+    std::condition_variable queue_cv_;
+    std::deque<Pending> incoming_;
+    bool stopping_ = false;
+    std::atomic<uint32_t> lanes_busy_{0};
+    std::atomic<uint32_t> queued_{0};
+    // Counters written by the scheduler thread, read by stats().
+    std::atomic<uint64_t> completed_{0}, cancelled_{0}, failed_{0}, rejected_{0};
+    std::atomic<uint64_t> prompt_tokens_{0}, cached_tokens_{0}, completion_tokens_{0};
+    std::atomic<uint64_t> decode_calls_{0};
+    std::thread thread_;
+};
+
+}  // namespace skippy::server

@@ -1,0 +1,201 @@
+#include "server/serve_command.h"
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "runtime/chat_template.h"
+#include "runtime/model.h"
+#include "runtime/model_factory.h"
+#include "stage/stage_factory.h"
+
+namespace skippy::server {
+
+namespace {
+
+HttpServer* g_http_server = nullptr;
+
+void handle_signal(int) {
+    if (g_http_server != nullptr) {
+        g_http_server->stop();
+    }
+}
+
+std::string cache_dir() {
+    if (const char* dir = std::getenv("SKIPPY_CACHE_DIR")) {
+        return dir;
+    }
+    const char* home = std::getenv("HOME");
+    return std::string(home != nullptr ? home : "/tmp") + "/.cache/skippy";
+}
+
+}  // namespace
+
+std::string ensure_demo_model() {
+    const std::filesystem::path dir = std::filesystem::path(cache_dir()) / "models";
+    const std::filesystem::path path = dir / "skippy-demo-llama-v1.gguf";
+    if (std::filesystem::exists(path)) {
+        return path.string();
+    }
+    std::filesystem::create_directories(dir);
+    runtime::ModelSpec spec;
+    spec.arch = "llama";
+    spec.name = "skippy-demo";
+    spec.n_layer = 4;
+    spec.n_embd = 256;
+    spec.n_head = 4;
+    spec.n_head_kv = 4;
+    spec.n_ff = 768;
+    spec.seed = 7;
+    std::cerr << "skippy: generating the demo model at " << path << "\n";
+    const auto tmp = path.string() + ".tmp";
+    runtime::make_random_model(spec, tmp);
+    std::filesystem::rename(tmp, path);
+    return path.string();
+}
+
+void add_serve_options(CLI::App& app, ServeConfig& c) {
+    app.add_option("-m,--model", c.model_path, "GGUF model to serve (default: built-in demo)")
+        ->envname("SKIPPY_MODEL");
+    app.add_option("--alias", c.model_alias, "model id reported by /v1/models")
+        ->envname("SKIPPY_MODEL_ALIAS");
+    app.add_option("--chat-template-file", c.chat_template_file,
+                   "Jinja chat template to use instead of the model's");
+    app.add_option("--host", c.http.host, "bind address")
+        ->envname("SKIPPY_HOST")
+        ->capture_default_str();
+    app.add_option("--port", c.http.port, "port (0 = any free port)")
+        ->envname("SKIPPY_PORT")
+        ->capture_default_str();
+    app.add_option("--api-key", c.http.api_key, "require Authorization: Bearer KEY")
+        ->envname("SKIPPY_API_KEY");
+    app.add_option("--max-body-bytes", c.http.max_body_bytes, "largest request body (413 above)")
+        ->envname("SKIPPY_MAX_BODY_BYTES")
+        ->capture_default_str();
+    app.add_option("-c,--ctx-size", c.scheduler.context.n_ctx, "KV cells shared by all lanes")
+        ->envname("SKIPPY_CTX_SIZE")
+        ->capture_default_str();
+    app.add_option("--lanes", c.scheduler.lanes, "concurrent request lanes")
+        ->envname("SKIPPY_LANES")
+        ->capture_default_str();
+    app.add_option("-t,--threads", c.scheduler.context.n_threads, "CPU threads (0 = all cores)")
+        ->envname("SKIPPY_THREADS")
+        ->capture_default_str();
+    app.add_option("-b,--batch-size", c.scheduler.context.n_batch, "tokens per decode batch")
+        ->envname("SKIPPY_BATCH_SIZE")
+        ->capture_default_str();
+    app.add_flag("--flash-attn", c.scheduler.context.flash_attn, "enable flash attention")
+        ->envname("SKIPPY_FLASH_ATTN");
+    app.add_option("--queue-depth", c.scheduler.max_queue_depth,
+                   "requests waiting for a lane before 429")
+        ->envname("SKIPPY_QUEUE_DEPTH")
+        ->capture_default_str();
+    int64_t queue_timeout_ms = c.scheduler.queue_timeout.count();
+    app.add_option_function<int64_t>(
+           "--queue-timeout-ms",
+           [&c](const int64_t& ms) { c.scheduler.queue_timeout = std::chrono::milliseconds(ms); },
+           "longest wait for a lane before 503")
+        ->envname("SKIPPY_QUEUE_TIMEOUT_MS")
+        ->default_val(queue_timeout_ms);
+    auto& cache = c.cache;
+    app.add_option_function<std::string>(
+           "--cache-mode", [&cache](const std::string& v) { cache.mode = stage::parse_cache_mode(v); },
+           "prefix cache: off | record | lookup-record")
+        ->envname("SKIPPY_CACHE_MODE")
+        ->default_str(stage::cache_mode_name(cache.mode));
+    app.add_option_function<std::string>(
+           "--cache-payload",
+           [&cache](const std::string& v) { cache.payload = stage::parse_payload_choice(v); },
+           "auto | resident-kv | kv-recurrent | full-state")
+        ->envname("SKIPPY_CACHE_PAYLOAD")
+        ->default_str(stage::payload_choice_name(cache.payload));
+    app.add_option("--cache-max-entries", cache.max_entries, "exact-state entries")
+        ->envname("SKIPPY_CACHE_MAX_ENTRIES")
+        ->capture_default_str();
+    app.add_option("--cache-max-bytes", cache.max_bytes, "exact-state physical bytes")
+        ->envname("SKIPPY_CACHE_MAX_BYTES")
+        ->capture_default_str();
+    app.add_option("--cache-resident-entries", cache.resident_max_entries,
+                   "spare KV sequences holding resident prefixes")
+        ->envname("SKIPPY_CACHE_RESIDENT_ENTRIES")
+        ->capture_default_str();
+    app.add_option("--cache-resident-tokens", cache.resident_token_budget,
+                   "resident token budget (0 = half the context)")
+        ->envname("SKIPPY_CACHE_RESIDENT_TOKENS")
+        ->capture_default_str();
+    app.add_option("--cache-min-tokens", cache.min_tokens, "shortest cached prefix")
+        ->envname("SKIPPY_CACHE_MIN_TOKENS")
+        ->capture_default_str();
+    app.add_option("--cache-stride", cache.stride, "candidate grid stride")
+        ->envname("SKIPPY_CACHE_STRIDE")
+        ->capture_default_str();
+    app.add_option("--cache-record-limit", cache.record_limit, "record ladder rungs per request")
+        ->envname("SKIPPY_CACHE_RECORD_LIMIT")
+        ->capture_default_str();
+    app.add_option("--cache-record-queue", cache.record_queue_capacity, "async record queue size")
+        ->envname("SKIPPY_CACHE_RECORD_QUEUE")
+        ->capture_default_str();
+    app.add_option("--cache-events-log", cache.events_log_path, "JSON-lines cache event log")
+        ->envname("SKIPPY_CACHE_EVENTS_LOG");
+}
+
+int run_serve(ServeConfig config) {
+    if (config.model_path.empty()) {
+        config.model_path = ensure_demo_model();
+    }
+    auto model = runtime::Model::load(config.model_path);
+    std::string template_override;
+    if (!config.chat_template_file.empty()) {
+        std::ifstream in(config.chat_template_file);
+        if (!in) {
+            throw std::runtime_error("cannot read " + config.chat_template_file);
+        }
+        std::stringstream ss;
+        ss << in.rdbuf();
+        template_override = ss.str();
+    }
+    runtime::ChatTemplate chat_template(*model, template_override);
+    if (config.scheduler.context.n_ctx == 0) {
+        config.scheduler.context.n_ctx = model->n_ctx_train();
+    }
+    auto stage_backend = stage::make_stage(config.cache, *model, config.scheduler.context);
+    const std::string cache_summary = stage_backend.summary;
+    Scheduler scheduler(*model, config.scheduler, std::move(stage_backend.backend));
+
+    std::string model_id = config.model_alias;
+    if (model_id.empty()) {
+        model_id = std::filesystem::path(config.model_path).stem().string();
+    }
+    RequestLimits limits;
+    limits.n_ctx = scheduler.n_ctx();
+    OpenAiRequestParser parser(*model, chat_template, {model_id}, limits);
+    HttpServer http(config.http, scheduler, parser, model_id, stage_backend.metrics);
+    const int port = http.bind();
+
+    std::cerr << "skippy: model " << config.model_path << " (" << model->arch() << ", "
+              << runtime::model_kind_name(model->kind()) << ", " << model->n_params()
+              << " params)\n"
+              << "skippy: id=" << model_id << " ctx=" << scheduler.n_ctx()
+              << " lanes=" << config.scheduler.lanes
+              << " threads=" << config.scheduler.context.n_threads
+              << " batch=" << config.scheduler.context.n_batch
+              << " queue_depth=" << config.scheduler.max_queue_depth
+              << " auth=" << (config.http.api_key.empty() ? "off" : "on") << "\n"
+              << "skippy: cache " << cache_summary << "\n"
+              << "skippy: listening on http://" << config.http.host << ":" << port << std::endl;
+    g_http_server = &http;
+    std::signal(SIGINT, handle_signal);
+    std::signal(SIGTERM, handle_signal);
+    std::signal(SIGPIPE, SIG_IGN);
+    http.listen();
+    g_http_server = nullptr;
+    std::cerr << "skippy: shutting down\n";
+    scheduler.stop();
+    return 0;
+}
+
+}  // namespace skippy::server

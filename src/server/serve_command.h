@@ -1,0 +1,31 @@
+// `skippy serve`: configuration (CLI flags + SKIPPY_* environment variables) and start-up.
+#pragma once
+
+#include <string>
+
+#include "server/http_server.h"
+#include "server/scheduler.h"
+#include "stage/cache_config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace skippy::server {
+
+struct ServeConfig {
+    std::string model_path;  // empty = built-in demo model (generated once, cached on disk)
+    std::string model_alias;
+    std::string chat_template_file;
+    HttpServerOptions http;
+    SchedulerOptions scheduler;
+    stage::CacheConfig cache;
+};
+
+void add_serve_options(CLI::App& app, ServeConfig& config);
+// Loads the model, starts the scheduler and serves until SIGINT/SIGTERM. Returns exit code.
+int run_serve(ServeConfig config);
+// Path of the built-in demo model, generating it first if needed.
+std::string ensure_demo_model();
+
+}  // namespace skippy::server
