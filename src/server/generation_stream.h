@@ -20,7 +20,7 @@ namespace skippy::server {
 struct GenerationStats {
     int32_t prompt_tokens = 0;
     int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache
-    int32_t completion_tokens = 0;  // sampled tokens (including a final end-of-generation token)
+    int32_t completion_tokens = 0;  // reply tokens (a final end-of-generation token is not counted)
     std::string finish_reason;      // "stop" or "length"
     std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
     double queue_ms = 0;

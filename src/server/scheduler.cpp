@@ -34,7 +34,8 @@ struct Scheduler::Slot {
     size_t next_checkpoint = 0;
     bool generating = false;
     runtime::Token pending_token = 0;  // sampled, not decoded yet
-    int32_t n_sampled = 0;
+    int32_t n_sampled = 0;       // tokens sampled, including a final end-of-generation token
+    int32_t n_reply_tokens = 0;  // tokens of the reply (reported as completion_tokens)
     std::optional<TextOutput> output;
     std::vector<runtime::Token> unsent_tokens;
     GenerationStats stats;
@@ -205,6 +206,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.unsent_tokens.clear();
     slot.generating = false;
     slot.n_sampled = 0;
+    slot.n_reply_tokens = 0;
     slot.next_checkpoint = 0;
 
     context_->seq_clear(slot.lane);
@@ -259,7 +261,7 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
         slot.unsent_tokens.clear();
     }
     slot.stats.finish_reason = finish_reason;
-    slot.stats.completion_tokens = slot.n_sampled;
+    slot.stats.completion_tokens = slot.n_reply_tokens;
     slot.stats.total_ms = ms_between(slot.enqueued, Clock::now());
     try {
         stage_->on_finish(*context_, slot.lane, slot.lane_tokens, slot.prompt_info);
@@ -285,6 +287,7 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
         return;
     }
     slot.unsent_tokens.push_back(token);
+    ++slot.n_reply_tokens;
     if (slot.output->append(model_.token_to_piece(token, false))) {
         finish_slot(slot, "stop");
         return;

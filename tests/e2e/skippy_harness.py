@@ -1,0 +1,148 @@
+"""Shared helpers for skippy's end-to-end tests: start a real server process on a loopback
+port with a generated model, and talk to it over HTTP (Python stdlib only)."""
+import json
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+SKIPPY = os.environ.get("SKIPPY_BIN", "")
+MODELS_DIR = os.environ.get("SKIPPY_TEST_MODELS", "")
+
+# Small generated models shared by the end-to-end tests (made once by the ctest fixture).
+MODEL_SPECS = {
+    "llama": ["--arch", "llama", "--layers", "2", "--embd", "128", "--heads", "4", "--ffn", "256"],
+    "qwen35": ["--arch", "qwen35", "--layers", "4", "--embd", "128", "--heads", "4", "--ffn", "256"],
+    "mamba2": ["--arch", "mamba2", "--layers", "2", "--embd", "128"],
+}
+
+
+def model_path(kind):
+    path = os.path.join(MODELS_DIR, f"test-{kind}.gguf")
+    if not os.path.exists(path):
+        make_model(kind, path)
+    return path
+
+
+def make_model(kind, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + f".tmp{os.getpid()}"
+    subprocess.run([SKIPPY, "make-model", "--out", tmp, "--seed", "3"] + MODEL_SPECS[kind],
+                   check=True, stdout=subprocess.DEVNULL)
+    os.replace(tmp, path)
+
+
+class Server:
+    """A skippy server process on 127.0.0.1 with an OS-chosen port."""
+
+    def __init__(self, model, *extra_args, env=None):
+        args = [SKIPPY, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+                "--threads", "2"] + list(extra_args)
+        self.log_lines = []
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=full_env)
+        self.port = None
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            self.log_lines.append(line)
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if self.port is None:
+            self.proc.kill()
+            raise RuntimeError("server did not start:\n" + "".join(self.log_lines))
+        self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._drain.start()
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def _drain_stderr(self):
+        for line in self.proc.stderr:
+            self.log_lines.append(line)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def request(self, method, path, body=None, headers=None, raw=None, timeout=120):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        h = {"Content-Type": "application/json"} if data is not None else {}
+        h.update(headers or {})
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+    def post_json(self, path, body, **kw):
+        status, headers, data = self.request("POST", path, body, **kw)
+        return status, json.loads(data) if data else None
+
+    def get_json(self, path, **kw):
+        status, _, data = self.request("GET", path, **kw)
+        return status, json.loads(data)
+
+    def metrics(self):
+        _, _, data = self.request("GET", "/metrics")
+        values = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+    def stream(self, path, body, timeout=120):
+        """POST with stream=true; returns (status, list of parsed SSE data payloads)."""
+        body = dict(body, stream=True)
+        status, _, data = self.request("POST", path, body, timeout=timeout)
+        events = []
+        for block in data.decode().split("\n\n"):
+            if block.startswith("data: "):
+                payload = block[len("data: "):]
+                events.append(payload if payload == "[DONE]" else json.loads(payload))
+        return status, events
+
+    def open_raw_stream(self, path, body):
+        """Starts a streaming request on a raw socket (for disconnect tests)."""
+        payload = json.dumps(dict(body, stream=True)).encode()
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=60)
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        return sock
+
+    def wait_idle(self, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            _, health = self.get_json("/health")
+            if health["lanes_busy"] == 0 and health["queued"] == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def chat(messages, **kw):
+    body = {"messages": messages, "temperature": 0, "max_tokens": 8, "return_token_ids": True}
+    body.update(kw)
+    return body
