@@ -263,16 +263,17 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     slot.stats.finish_reason = finish_reason;
     slot.stats.completion_tokens = slot.n_reply_tokens;
     slot.stats.total_ms = ms_between(slot.enqueued, Clock::now());
+    prompt_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.prompt_tokens));
+    cached_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.cached_tokens));
+    completion_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.completion_tokens));
+    completed_.fetch_add(1);
+    // The client has its answer before the cache records the lane.
+    slot.stream->finish(slot.stats);
     try {
         stage_->on_finish(*context_, slot.lane, slot.lane_tokens, slot.prompt_info);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: record at finish failed: %s\n", e.what());
     }
-    prompt_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.prompt_tokens));
-    cached_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.cached_tokens));
-    completion_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.completion_tokens));
-    completed_.fetch_add(1);
-    slot.stream->finish(slot.stats);
     release_slot(slot);
 }
 

@@ -8,6 +8,8 @@
 
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
+#include <optional>
+
 #include "stage/cache_config.h"
 #include "stage/stage_backend.h"
 

@@ -1,0 +1,377 @@
+#include "cache/exact_state_cache.h"
+
+#include <map>
+
+namespace skippy::cache {
+
+const char* to_string(Presence presence) {
+    switch (presence) {
+        case Presence::Present:
+            return "present";
+        case Presence::Absent:
+            return "absent";
+        case Presence::Unknown:
+            return "unknown";
+    }
+    return "?";
+}
+
+const char* to_string(ExactInsertStatus status) {
+    switch (status) {
+        case ExactInsertStatus::Inserted:
+            return "inserted";
+        case ExactInsertStatus::Replaced:
+            return "replaced";
+        case ExactInsertStatus::AlreadyPresent:
+            return "already_present";
+        case ExactInsertStatus::Leased:
+            return "leased";
+        case ExactInsertStatus::InvalidDescriptor:
+            return "invalid_descriptor";
+        case ExactInsertStatus::EmptyKey:
+            return "empty_key";
+        case ExactInsertStatus::NoCapacity:
+            return "no_capacity";
+        case ExactInsertStatus::StoreFailed:
+            return "store_failed";
+    }
+    return "?";
+}
+
+const char* to_string(QuarantineStatus status) {
+    switch (status) {
+        case QuarantineStatus::Removed:
+            return "removed";
+        case QuarantineStatus::Deferred:
+            return "deferred";
+        case QuarantineStatus::NotFound:
+            return "not_found";
+        case QuarantineStatus::PageMismatch:
+            return "page_mismatch";
+    }
+    return "?";
+}
+
+ExactStateCache::ExactStateCache(ExactStateCacheOptions options)
+    : options_(std::move(options)), store_(options_.blocks) {}
+
+ExactStateCache::~ExactStateCache() = default;
+
+bool ExactStateCache::over_limits() const {
+    return records_.size() > options_.limits.max_entries ||
+           store_.stats().physical_bytes > options_.limits.max_physical_bytes;
+}
+
+void ExactStateCache::free_record(EntryId entry) {
+    auto it = records_.find(entry);
+    if (it == records_.end()) {
+        return;
+    }
+    // The record's blocks were validated at insert; a failure here is a bug, and leaving
+    // the blocks allocated is the safe outcome.
+    (void)store_.release(it->second.payload);
+    records_.erase(it);
+}
+
+bool ExactStateCache::fits_after_evicting_all(EntryId keep) const {
+    // What stays after evicting every evictable entry: `keep` plus leased/hidden entries.
+    std::unordered_map<BlockId, size_t> kept_blocks;
+    size_t kept_entries = 0;
+    for (const auto& [id, rec] : records_) {
+        if (id != keep && index_.info(id)->leases == 0) {
+            continue;
+        }
+        ++kept_entries;
+        for (BlockId b : rec.payload.blocks) {
+            kept_blocks.emplace(b, *store_.block_size(b));
+        }
+    }
+    uint64_t kept_bytes = 0;
+    for (const auto& [b, size] : kept_blocks) {
+        kept_bytes += size;
+    }
+    return kept_entries <= options_.limits.max_entries &&
+           kept_bytes <= options_.limits.max_physical_bytes;
+}
+
+ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const Token> tokens,
+                                          PageId page, const PayloadDescriptor& descriptor,
+                                          std::span<const uint8_t> bytes,
+                                          std::span<const size_t> cuts) {
+    ExactInsertResult result;
+    if (tokens.empty()) {
+        result.status = ExactInsertStatus::EmptyKey;
+    } else if (auto why = descriptor.validate_against(bytes.size())) {
+        result.status = ExactInsertStatus::InvalidDescriptor;
+        result.invalid_reason = *why;
+    } else if (descriptor.token_end != tokens.size()) {
+        result.status = ExactInsertStatus::InvalidDescriptor;
+        result.invalid_reason = "token_end differs from the token count";
+    }
+    if (result.status != ExactInsertStatus::Inserted) {
+        std::lock_guard lock(mu_);
+        ++counters_.rejected;
+        return result;
+    }
+
+    // Hash outside the lock: prepare() only reads immutable options.
+    const PreparedPayload prepared = store_.prepare(bytes, cuts);
+
+    std::lock_guard lock(mu_);
+    if (auto existing = index_.find(ComponentKind::Exact, ns, tokens)) {
+        const Record& rec = records_.at(*existing);
+        if (rec.page == page) {
+            index_.touch(*existing);
+            result.status = ExactInsertStatus::AlreadyPresent;
+            return result;
+        }
+        if (index_.info(*existing)->leases > 0) {
+            ++counters_.rejected;
+            result.status = ExactInsertStatus::Leased;
+            return result;
+        }
+    }
+
+    InsertOutcome stored = store_.commit(prepared);
+    if (!stored.ok()) {
+        ++counters_.rejected;
+        result.status = ExactInsertStatus::StoreFailed;
+        result.store_error = stored.error;
+        return result;
+    }
+    result.blocks = stored.report;
+
+    InsertResult placed = index_.insert(ComponentKind::Exact, ns, tokens, page.value());
+    if (placed.status == InsertStatus::Leased) {  // a doomed (quarantined, leased) entry
+        (void)store_.release(stored.payload);
+        ++counters_.rejected;
+        result.status = ExactInsertStatus::Leased;
+        return result;
+    }
+    if (placed.replaced) {
+        free_record(placed.replaced->entry);
+        result.status = ExactInsertStatus::Replaced;
+    }
+    records_[placed.entry] = Record{page, descriptor, std::move(stored.payload)};
+
+    if (over_limits() && !fits_after_evicting_all(placed.entry)) {
+        // Evicting everything evictable would not make room: keep the others.
+        (void)index_.remove(placed.entry);
+        free_record(placed.entry);
+        ++counters_.rejected;
+        result.status = ExactInsertStatus::NoCapacity;
+        return result;
+    }
+    while (over_limits()) {
+        auto victim = index_.evict_lru(ComponentKind::Exact, placed.entry);
+        if (!victim) {
+            break;
+        }
+        result.evicted.push_back(records_.at(victim->entry).page);
+        free_record(victim->entry);
+        ++counters_.evictions;
+    }
+    if (over_limits()) {
+        (void)index_.remove(placed.entry);
+        free_record(placed.entry);
+        ++counters_.rejected;
+        result.status = ExactInsertStatus::NoCapacity;
+        return result;
+    }
+    ++counters_.inserts;
+    return result;
+}
+
+std::optional<ExactHit> ExactStateCache::acquire_longest(const NamespaceId& ns,
+                                                         std::span<const Token> query) {
+    std::lock_guard lock(mu_);
+    auto m = index_.lookup_exact(ns, query);
+    if (!m || !index_.acquire_raw(m->entry)) {
+        ++counters_.misses;
+        return std::nullopt;
+    }
+    ++counters_.hits;
+    const Record& rec = records_.at(m->entry);
+    ExactHit hit;
+    hit.lease = Lease(this, m->entry);
+    hit.page = rec.page;
+    hit.len = m->len;
+    hit.descriptor = rec.descriptor;
+    hit.payload_bytes = rec.payload.size;
+    return hit;
+}
+
+std::optional<ExactPeek> ExactStateCache::peek_locked(const NamespaceId& ns,
+                                                      std::span<const Token> query) const {
+    auto m = index_.peek_exact(ns, query);
+    if (!m) {
+        return std::nullopt;
+    }
+    const Record& rec = records_.at(m->entry);
+    return ExactPeek{rec.page, m->len, rec.descriptor, rec.payload.size};
+}
+
+std::optional<ExactPeek> ExactStateCache::peek_longest(const NamespaceId& ns,
+                                                       std::span<const Token> query) const {
+    std::lock_guard lock(mu_);
+    return peek_locked(ns, query);
+}
+
+TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns,
+                                               std::span<const Token> query) const {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    TryExactPeek out;
+    if (!lock.owns_lock()) {
+        out.busy = true;
+        return out;
+    }
+    out.hit = peek_locked(ns, query);
+    return out;
+}
+
+ReconstructResult ExactStateCache::reconstruct(const Lease& lease, bool verify) const {
+    std::optional<PayloadSnapshot> snap;
+    {
+        std::lock_guard lock(mu_);
+        auto it = records_.find(lease.entry());
+        if (lease.held() && it != records_.end()) {
+            snap = store_.snapshot(it->second.payload);
+        }
+    }
+    if (!snap) {
+        ReconstructResult r;
+        r.error = ReconstructError::MissingBlock;
+        return r;
+    }
+    return snap->reconstruct(verify);  // outside the lock
+}
+
+QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns,
+                                             std::span<const Token> tokens, PageId page) {
+    std::lock_guard lock(mu_);
+    auto id = index_.find(ComponentKind::Exact, ns, tokens);
+    if (!id) {
+        return QuarantineStatus::NotFound;
+    }
+    if (records_.at(*id).page != page) {
+        return QuarantineStatus::PageMismatch;
+    }
+    RemoveResult r = index_.remove(*id, LeasedRemoval::Defer);
+    ++counters_.quarantined;
+    if (r.status == RemoveStatus::Removed) {
+        free_record(*id);
+        return QuarantineStatus::Removed;
+    }
+    return QuarantineStatus::Deferred;
+}
+
+void ExactStateCache::release_lease(EntryId entry) noexcept {
+    std::lock_guard lock(mu_);
+    if (auto removed = index_.release_raw(entry)) {
+        free_record(removed->entry);
+    }
+}
+
+Presence ExactStateCache::contains_locked(const NamespaceId& ns, std::span<const Token> tokens,
+                                          PageId page) const {
+    auto id = index_.find(ComponentKind::Exact, ns, tokens);
+    return id && records_.at(*id).page == page ? Presence::Present : Presence::Absent;
+}
+
+bool ExactStateCache::contains(const NamespaceId& ns, std::span<const Token> tokens,
+                               PageId page) const {
+    std::lock_guard lock(mu_);
+    return contains_locked(ns, tokens, page) == Presence::Present;
+}
+
+Presence ExactStateCache::try_contains(const NamespaceId& ns, std::span<const Token> tokens,
+                                       PageId page) const {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return Presence::Unknown;
+    }
+    return contains_locked(ns, tokens, page);
+}
+
+ExactStateStats ExactStateCache::stats_locked() const {
+    ExactStateStats s = counters_;
+    s.blocks = store_.stats();
+    s.entries = records_.size();
+    s.hidden_entries = 0;
+    for (const auto& info : index_.entries(ComponentKind::Exact)) {
+        if (info.doomed) {
+            ++s.hidden_entries;
+        }
+    }
+    return s;
+}
+
+ExactStateStats ExactStateCache::stats() const {
+    std::lock_guard lock(mu_);
+    return stats_locked();
+}
+
+std::optional<ExactStateStats> ExactStateCache::try_stats() const {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+        return std::nullopt;
+    }
+    return stats_locked();
+}
+
+bool ExactStateCache::debug_corrupt(const NamespaceId& ns, std::span<const Token> tokens,
+                                    size_t offset) {
+    std::lock_guard lock(mu_);
+    auto id = index_.find(ComponentKind::Exact, ns, tokens);
+    if (!id) {
+        return false;
+    }
+    const StoredPayload& p = records_.at(*id).payload;
+    for (BlockId block : p.blocks) {
+        const size_t size = *store_.block_size(block);
+        if (offset < size) {
+            return store_.debug_corrupt_block(block, offset);
+        }
+        offset -= size;
+    }
+    return false;
+}
+
+std::optional<std::string> ExactStateCache::debug_check() const {
+    std::lock_guard lock(mu_);
+    if (auto err = index_.check_invariants()) {
+        return err;
+    }
+    if (records_.size() != index_.size(ComponentKind::Exact)) {
+        return std::string("record count differs from index entry count");
+    }
+    std::map<BlockId, uint32_t> refs;
+    uint64_t logical = 0;
+    for (const auto& [id, rec] : records_) {
+        if (!index_.info(id)) {
+            return std::string("record without index entry");
+        }
+        for (BlockId b : rec.payload.blocks) {
+            ++refs[b];
+            logical += *store_.block_size(b);
+        }
+    }
+    const BlockStoreStats s = store_.stats();
+    if (logical != s.logical_bytes) {
+        return std::string("logical bytes differ from the records");
+    }
+    uint64_t physical = 0;
+    for (BlockId b : store_.block_ids()) {
+        auto it = refs.find(b);
+        if (it == refs.end() || it->second != *store_.refcount(b)) {
+            return std::string("block refcount differs from record references");
+        }
+        physical += *store_.block_size(b);
+    }
+    if (refs.size() != s.block_count || physical != s.physical_bytes) {
+        return std::string("physical bytes or block count inconsistent");
+    }
+    return std::nullopt;
+}
+
+}  // namespace skippy::cache

@@ -1,0 +1,50 @@
+// State payloads: how an exported sequence state is laid out for the exact-state cache.
+//
+//   full-state:   the whole llama.cpp per-sequence blob (attention KV + recurrent state).
+//   kv-recurrent: [attention KV section][recurrent section]. The recurrent section is the
+//                 PARTIAL_ONLY export (the state exactly at the checkpoint); the attention
+//                 section is the rest of the full blob. The sections are cut apart so the
+//                 block store can share attention blocks between entries.
+//
+// decode_payload() checks the payload against its descriptor and returns the bytes to
+// import with StateScope::Full; any inconsistency is an error that quarantines the entry.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache/payload_descriptor.h"
+#include "runtime/inference_context.h"
+
+namespace skippy::stage {
+
+struct EncodedPayload {
+    std::vector<uint8_t> bytes;
+    cache::PayloadDescriptor descriptor;
+    std::vector<size_t> cuts;  // block boundaries
+};
+
+struct PayloadLayout {
+    cache::PayloadKind kind = cache::PayloadKind::KvRecurrent;
+    int32_t n_layer = 0;
+    std::string k_type;
+    std::string v_type;
+};
+
+// Exports the lane's state holding `n_tokens` tokens. Throws std::runtime_error if the
+// export is empty or inconsistent.
+EncodedPayload export_payload(const runtime::InferenceContext& context, runtime::SeqId lane,
+                              uint32_t n_tokens, const PayloadLayout& layout);
+
+// Validates `bytes` against `descriptor` (kind, token range, section sizes) and returns
+// the llama.cpp blob to import; nullopt + reason when the payload is unusable.
+std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
+                                                       const cache::PayloadDescriptor& descriptor,
+                                                       uint32_t expected_tokens,
+                                                       const PayloadLayout& layout,
+                                                       std::string* reason);
+
+}  // namespace skippy::stage

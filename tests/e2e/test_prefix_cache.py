@@ -1,0 +1,165 @@
+"""End-to-end correctness of the exact prefix cache through the real server, for generated
+dense (resident-kv), hybrid (kv-recurrent) and recurrent (kv-recurrent) models: greedy
+outputs with the cache on are identical token for token to the cache off."""
+import concurrent.futures
+import unittest
+
+import skippy_harness as h
+
+SYSTEM = ("You are the assistant of a shop that sells bicycles, spare parts and tools. "
+          "Answer questions about opening hours, prices, repairs and deliveries. Be polite, "
+          "keep answers short, never invent prices, and always offer to book a repair slot. "
+          "The shop opens at nine and closes at six, Monday to Saturday. ") * 2
+USER_TURNS = ["Hello, are you open today?", "How much is a new chain?",
+              "Can you fix a flat tire by tomorrow?", "Do you deliver to the next town?",
+              "What tools do I need to change brake pads?", "Thanks, book me for Friday."]
+CACHE_FLAGS = ["--cache-min-tokens", "16", "--cache-stride", "32", "--lanes", "2",
+               "--ctx-size", "4096"]
+
+
+def conversation(server, turns, system=SYSTEM, max_tokens=8, key=None):
+    """Runs a multi-turn chat; returns per-turn (completion ids, usage, reply text)."""
+    messages = [{"role": "system", "content": system}]
+    out = []
+    for user in turns:
+        messages.append({"role": "user", "content": user})
+        body = h.chat(messages, max_tokens=max_tokens)
+        if key:
+            body["prompt_cache_key"] = key
+        status, resp = server.post_json("/v1/chat/completions", body)
+        assert status == 200, resp
+        reply = resp["choices"][0]["message"]["content"]
+        out.append((resp["skippy"]["completion_token_ids"], resp["usage"], reply))
+        messages.append({"role": "assistant", "content": reply})
+    return out
+
+
+class PrefixCacheKindTest:
+    """Mixin: the same checks for each model kind."""
+    kind = None
+    payload = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = h.model_path(cls.kind)
+        with h.Server(cls.model, "--cache-mode", "off", *CACHE_FLAGS) as off:
+            cls.reference = conversation(off, USER_TURNS[:4])
+            cls.shared_reference = [conversation(off, [f"Question {i}: what is open?"])[0]
+                                    for i in range(3)]
+        cls.server = h.Server(cls.model, *CACHE_FLAGS)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_01_startup_reports_payload(self):
+        log = "".join(self.server.log_lines)
+        self.assertIn(f"payload={self.payload}", log)
+
+    def test_02_multi_turn_identical_and_cached(self):
+        cached = conversation(self.server, USER_TURNS[:4])
+        for turn, (ref, got) in enumerate(zip(self.reference, cached)):
+            self.assertEqual(got[0], ref[0], f"turn {turn} tokens differ with the cache on")
+            self.assertEqual(got[1]["prompt_tokens"], ref[1]["prompt_tokens"])
+        for turn in range(1, 4):
+            self.assertGreater(cached[turn][1]["prompt_tokens_details"]["cached_tokens"], 0,
+                               f"turn {turn} restored nothing")
+        # Replaying the same conversation restores even more and stays identical.
+        again = conversation(self.server, USER_TURNS[:4])
+        self.assertEqual([t[0] for t in again], [t[0] for t in self.reference])
+        self.assertGreater(again[0][1]["prompt_tokens_details"]["cached_tokens"], 0)
+
+    def test_03_sessions_share_the_system_prompt(self):
+        results = [conversation(self.server, [f"Question {i}: what is open?"])[0]
+                   for i in range(3)]
+        for i, (got, ref) in enumerate(zip(results, self.shared_reference)):
+            self.assertEqual(got[0], ref[0])
+        system_tokens = len(SYSTEM.split())  # a loose lower bound of its token count
+        for got in results[1:]:
+            self.assertGreater(got[1]["prompt_tokens_details"]["cached_tokens"], system_tokens)
+
+    def test_04_concurrent_sessions_identical(self):
+        def run(i):
+            return conversation(self.server, [f"Concurrent {i}", "And then?"], max_tokens=6)
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            parallel = list(pool.map(run, range(3)))
+        with h.Server(self.model, "--cache-mode", "off", *CACHE_FLAGS) as off:
+            sequential = [conversation(off, [f"Concurrent {i}", "And then?"], max_tokens=6)
+                          for i in range(3)]
+        self.assertEqual([[t[0] for t in c] for c in parallel],
+                         [[t[0] for t in c] for c in sequential])
+
+    def test_05_metrics_count_hits(self):
+        m = self.server.metrics()
+        hits = m.get('skippy_cache_lookups_total{decision="exact_hit"}', 0) + \
+            m.get('skippy_cache_lookups_total{decision="resident_hit"}', 0)
+        self.assertGreater(hits, 0)
+        self.assertGreater(m["skippy_cache_cached_tokens_total"], 0)
+        self.assertEqual(m.get("skippy_cache_errors_total", 0), 0)
+
+    def test_06_namespaces_are_isolated(self):
+        first = conversation(self.server, ["Tenant question"], key="tenant-a")[0]
+        other = conversation(self.server, ["Tenant question"], key="tenant-b")[0]
+        self.assertEqual(other[1]["prompt_tokens_details"]["cached_tokens"], 0,
+                         "tenant-b got a hit on a prefix only tenant-a had sent")
+        self.assertEqual(first[0], other[0])
+        again = conversation(self.server, ["Tenant question"], key="tenant-a")[0]
+        self.assertGreater(again[1]["prompt_tokens_details"]["cached_tokens"], 0)
+
+
+class DenseResidentKvTest(PrefixCacheKindTest, unittest.TestCase):
+    kind = "llama"
+    payload = "resident-kv"
+
+
+class HybridKvRecurrentTest(PrefixCacheKindTest, unittest.TestCase):
+    kind = "qwen35"
+    payload = "kv-recurrent"
+
+    def test_07_six_turns_prefill_only_the_new_message(self):
+        turns = [f"Turn {i}: {USER_TURNS[i]}" for i in range(6)]
+        result = conversation(self.server, turns, max_tokens=6)
+        print("\nhybrid 6-turn conversation (prompt / cached / suffix tokens):")
+        previous_prompt = 0
+        for turn, (_, usage, _) in enumerate(result):
+            prompt = usage["prompt_tokens"]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            suffix = prompt - cached
+            print(f"  turn {turn + 1}: prompt={prompt} cached={cached} suffix={suffix} "
+                  f"(new since last turn: {prompt - previous_prompt})")
+            if turn >= 1:
+                self.assertGreater(cached, 0)
+                # Never the whole history: at most what this turn added to the prompt.
+                self.assertLessEqual(suffix, prompt - previous_prompt)
+            previous_prompt = prompt
+
+
+class RecurrentMamba2Test(PrefixCacheKindTest, unittest.TestCase):
+    kind = "mamba2"
+    payload = "kv-recurrent"
+
+
+class EvictionUnderSmallBudgetTest(unittest.TestCase):
+    def check(self, kind, budget_flags):
+        model = h.model_path(kind)
+        convs = [[f"Customer {i} asks about item {i}.", "And the price?"] for i in range(5)]
+        with h.Server(model, "--cache-mode", "off", *CACHE_FLAGS) as off:
+            reference = [[t[0] for t in conversation(off, c, max_tokens=6)] for c in convs]
+        with h.Server(model, *CACHE_FLAGS, *budget_flags) as on:
+            for _ in range(2):
+                got = [[t[0] for t in conversation(on, c, max_tokens=6)] for c in convs]
+                self.assertEqual(got, reference)
+            m = on.metrics()
+            self.assertGreater(m["skippy_cache_evictions_total"], 0)
+            self.assertEqual(m.get("skippy_cache_errors_total", 0), 0)
+
+    def test_dense_resident_eviction(self):
+        self.check("llama", ["--cache-resident-entries", "2", "--cache-resident-tokens", "400"])
+
+    def test_hybrid_exact_eviction(self):
+        self.check("qwen35", ["--cache-max-entries", "3"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
