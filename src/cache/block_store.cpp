@@ -174,7 +174,8 @@ InsertOutcome BlockStore::commit(const PreparedPayload& prepared) {
             if (auto bucket = by_hash_.find(pb.hash); bucket != by_hash_.end()) {
                 for (BlockId candidate : bucket->second) {
                     const Block& b = blocks_.at(candidate);
-                    if (b.size == seg.size() && std::memcmp(b.data.get(), seg.data(), b.size) == 0) {
+                    if (b.size == seg.size() &&
+                        std::memcmp(b.data.get(), seg.data(), b.size) == 0) {
                         found = candidate;
                         break;
                     }

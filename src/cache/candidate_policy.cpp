@@ -81,8 +81,7 @@ std::vector<size_t> record_ladder(size_t exact_len, std::span<const size_t> stru
     std::vector<size_t> structural(structural_positions.begin(), structural_positions.end());
     std::sort(structural.begin(), structural.end());
     structural.erase(std::unique(structural.begin(), structural.end()), structural.end());
-    std::erase_if(structural,
-                  [&](size_t p) { return p < floor_min(policy) || p > exact_len; });
+    std::erase_if(structural, [&](size_t p) { return p < floor_min(policy) || p > exact_len; });
     if (!structural.empty()) {
         ladder.add(structural.front());
         for (auto it = structural.rbegin(); it != structural.rend(); ++it) {

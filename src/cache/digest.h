@@ -27,7 +27,9 @@ struct Digest {
 };
 
 struct DigestHash {
-    size_t operator()(const Digest& d) const noexcept { return static_cast<size_t>(d.leading_u64()); }
+    size_t operator()(const Digest& d) const noexcept {
+        return static_cast<size_t>(d.leading_u64());
+    }
 };
 
 }  // namespace skippy::cache

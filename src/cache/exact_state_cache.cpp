@@ -246,8 +246,8 @@ ReconstructResult ExactStateCache::reconstruct(const Lease& lease, bool verify) 
     return snap->reconstruct(verify);  // outside the lock
 }
 
-QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns,
-                                             std::span<const Token> tokens, PageId page) {
+QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns, std::span<const Token> tokens,
+                                             PageId page) {
     std::lock_guard lock(mu_);
     auto id = index_.find(ComponentKind::Exact, ns, tokens);
     if (!id) {

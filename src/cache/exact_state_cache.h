@@ -69,7 +69,7 @@ enum class ExactInsertStatus : uint8_t {
     Leased,             // another page is at this path and leased; nothing stored
     InvalidDescriptor,  // descriptor inconsistent with the bytes or the token count
     EmptyKey,
-    NoCapacity,  // does not fit even after evicting every unleased entry
+    NoCapacity,   // does not fit even after evicting every unleased entry
     StoreFailed,  // block store failure, see store_error (rolled back)
 };
 const char* to_string(ExactInsertStatus status);
@@ -151,8 +151,7 @@ class ExactStateCache final : public LeaseOwner {
     QuarantineStatus quarantine(const NamespaceId& ns, std::span<const Token> tokens, PageId page);
 
     bool contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const;
-    Presence try_contains(const NamespaceId& ns, std::span<const Token> tokens,
-                          PageId page) const;
+    Presence try_contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const;
 
     ExactStateStats stats() const;
     std::optional<ExactStateStats> try_stats() const;
@@ -179,8 +178,7 @@ class ExactStateCache final : public LeaseOwner {
     bool fits_after_evicting_all(EntryId keep) const;
     void free_record(EntryId entry);
     ExactStateStats stats_locked() const;
-    std::optional<ExactPeek> peek_locked(const NamespaceId& ns,
-                                         std::span<const Token> query) const;
+    std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query) const;
     Presence contains_locked(const NamespaceId& ns, std::span<const Token> tokens,
                              PageId page) const;
 

@@ -100,8 +100,7 @@ std::vector<PrefixIdentity> identities_for_lengths(const NamespaceId& ns, uint32
         }
         const size_t tail_begin = chunks * chunk_tokens;
         PrefixIdentity& id = out[idx];
-        id.digest =
-            finish_identity(sha, chain, len, tokens.subspan(tail_begin, len - tail_begin));
+        id.digest = finish_identity(sha, chain, len, tokens.subspan(tail_begin, len - tail_begin));
         id.token_start = token_start;
         id.token_count = len;
     }

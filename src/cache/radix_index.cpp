@@ -14,9 +14,7 @@ struct RadixIndex::Node {
     EntryId component[2] = {kNoEntry, kNoEntry};
     size_t resident_below = 0;  // non-doomed resident entries in this subtree (incl. self)
 
-    bool has_component() const {
-        return component[0] != kNoEntry || component[1] != kNoEntry;
-    }
+    bool has_component() const { return component[0] != kNoEntry || component[1] != kNoEntry; }
 };
 
 struct RadixIndex::Tree {

@@ -123,8 +123,7 @@ class RadixIndex final : public LeaseOwner {
     InsertResult insert(ComponentKind kind, const NamespaceId& ns, std::span<const Token> tokens,
                         uint64_t value);
 
-    std::optional<ExactMatch> peek_exact(const NamespaceId& ns,
-                                         std::span<const Token> query) const;
+    std::optional<ExactMatch> peek_exact(const NamespaceId& ns, std::span<const Token> query) const;
     std::optional<ExactMatch> lookup_exact(const NamespaceId& ns, std::span<const Token> query);
     std::optional<ResidentMatch> peek_resident(const NamespaceId& ns,
                                                std::span<const Token> query) const;
@@ -153,8 +152,7 @@ class RadixIndex final : public LeaseOwner {
     RemoveResult remove(ComponentKind kind, const NamespaceId& ns, std::span<const Token> tokens,
                         LeasedRemoval leased = LeasedRemoval::Fail);
     // Removes every non-doomed entry of `kind` matching `pred`, in EntryId order.
-    RemoveIfResult remove_if(ComponentKind kind,
-                             const std::function<bool(const EntryInfo&)>& pred,
+    RemoveIfResult remove_if(ComponentKind kind, const std::function<bool(const EntryInfo&)>& pred,
                              LeasedRemoval leased = LeasedRemoval::Fail);
     // Removes and returns the least recently used unleased entry of `kind` other than
     // `exclude`; nullopt if there is none.

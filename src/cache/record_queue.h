@@ -45,14 +45,14 @@ struct RecordQueueOptions {
 };
 
 struct RecordQueueCounters {
-    uint64_t queued = 0;              // admitted in total
-    uint64_t dropped = 0;             // dropped_full + dropped_in_flight + dropped_stopped
+    uint64_t queued = 0;   // admitted in total
+    uint64_t dropped = 0;  // dropped_full + dropped_in_flight + dropped_stopped
     uint64_t dropped_full = 0;
     uint64_t dropped_in_flight = 0;
-    uint64_t dropped_stopped = 0;     // submitted after stop, or discarded by stop(false)
+    uint64_t dropped_stopped = 0;  // submitted after stop, or discarded by stop(false)
     uint64_t completed = 0;
     uint64_t failed = 0;
-    size_t pending = 0;               // queued or running now
+    size_t pending = 0;  // queued or running now
 };
 
 class RecordQueue {

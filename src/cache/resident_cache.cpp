@@ -95,7 +95,8 @@ ResidentInsertResult ResidentCache::insert(const NamespaceId& ns, std::span<cons
         evict_one_locked(*victim, result.evicted);
     }
     const int32_t seq = take_seq_id(result.evicted);
-    InsertResult placed = index_.insert(ComponentKind::Resident, ns, tokens, static_cast<uint64_t>(seq));
+    InsertResult placed =
+        index_.insert(ComponentKind::Resident, ns, tokens, static_cast<uint64_t>(seq));
     by_seq_[seq] = placed.entry;
     tokens_ += tokens.size();
     ++counters_.inserts;
@@ -238,11 +239,11 @@ std::optional<std::string> ResidentCache::debug_check() const {
         return std::string("seq map has stale ids");
     }
     const size_t pool = used.size() + free_.size() + pending_drop_.size();
-    const size_t expected = static_cast<size_t>(options_.seq_id_count) -
-                            static_cast<size_t>(std::count_if(
-                                reserved_.begin(), reserved_.end(), [&](int32_t s) {
-                                    return s >= 0 && s < options_.seq_id_count;
-                                }));
+    const size_t expected =
+        static_cast<size_t>(options_.seq_id_count) -
+        static_cast<size_t>(std::count_if(reserved_.begin(), reserved_.end(), [&](int32_t s) {
+            return s >= 0 && s < options_.seq_id_count;
+        }));
     if (pool != expected) {
         return std::string("seq ids lost or duplicated");
     }

@@ -113,8 +113,7 @@ class ResidentCache final : public LeaseOwner {
 
     ResidentInsertResult insert(const NamespaceId& ns, std::span<const Token> tokens);
 
-    std::optional<ResidentHit> acquire_longest(const NamespaceId& ns,
-                                               std::span<const Token> query);
+    std::optional<ResidentHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query);
     std::optional<ResidentPeek> peek_longest(const NamespaceId& ns,
                                              std::span<const Token> query) const;
 

@@ -306,7 +306,21 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         if (boundary > 0) {
             gen.message_boundaries.push_back(static_cast<int32_t>(boundary));
         }
+        if (messages[k].role == "assistant") {
+            // Where the earlier request of this conversation ended (its generation prompt):
+            // the state recorded there is what this turn restores.
+            const auto earlier_prompt =
+                model_.tokenize(chat_template_.render(head, true), true, true);
+            const size_t earlier_end = common_prefix(earlier_prompt, gen.prompt);
+            if (earlier_end > 0) {
+                gen.message_boundaries.push_back(static_cast<int32_t>(earlier_end));
+            }
+        }
     }
+    std::sort(gen.message_boundaries.begin(), gen.message_boundaries.end());
+    gen.message_boundaries.erase(
+        std::unique(gen.message_boundaries.begin(), gen.message_boundaries.end()),
+        gen.message_boundaries.end());
 }
 
 void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out) const {

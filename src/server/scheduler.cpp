@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <set>
 
 #include "server/text_output.h"
 
@@ -30,7 +31,8 @@ struct Scheduler::Slot {
     std::unique_ptr<runtime::Sampler> sampler;
     stage::PromptInfo prompt_info;
     std::vector<runtime::Token> lane_tokens;  // tokens whose state is in the lane
-    std::vector<int32_t> checkpoints;
+    std::vector<int32_t> checkpoints;  // prefill pause positions, ascending
+    std::set<int32_t> is_checkpoint;   // the pauses where the stage records
     size_t next_checkpoint = 0;
     bool generating = false;
     runtime::Token pending_token = 0;  // sampled, not decoded yet
@@ -54,6 +56,10 @@ Scheduler::Scheduler(const runtime::Model& model, SchedulerOptions options,
     options_.context.n_seq_max = options_.lanes + stage_->spare_sequences();
     context_ = std::make_unique<runtime::InferenceContext>(model_, options_.context);
     n_ctx_ = context_->n_ctx();
+    canonical_splits_ = model_.kind() == runtime::ModelKind::Hybrid ||
+                        model_.kind() == runtime::ModelKind::Recurrent;
+    options_.recurrent_split_stride =
+        std::min(options_.recurrent_split_stride, options_.context.n_batch);
     stage_->attach(*context_, static_cast<runtime::SeqId>(options_.lanes), options_.lanes);
     for (uint32_t i = 0; i < options_.lanes; ++i) {
         auto slot = std::make_unique<Slot>();
@@ -228,6 +234,21 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.stats.cached_tokens = restored.n_restored;
     slot.stats.cache_decision = restored.decision;
     slot.checkpoints = stage_->checkpoint_positions(slot.prompt_info, restored.n_restored);
+    slot.is_checkpoint.clear();
+    slot.is_checkpoint.insert(slot.checkpoints.begin(), slot.checkpoints.end());
+    // Prefill pauses at checkpoints (where the stage exports state) and, for hybrid and
+    // recurrent models, at the canonical split positions (see SchedulerOptions).
+    const auto n_prompt = static_cast<int32_t>(prompt.size());
+    if (canonical_splits_ && options_.recurrent_split_stride > 0) {
+        const auto stride = static_cast<int32_t>(options_.recurrent_split_stride);
+        for (int32_t p = stride; p < n_prompt; p += stride) {
+            slot.checkpoints.push_back(p);
+        }
+        for (int32_t b : slot.request.message_boundaries) {
+            slot.checkpoints.push_back(b);
+        }
+    }
+
     std::sort(slot.checkpoints.begin(), slot.checkpoints.end());
     std::erase_if(slot.checkpoints, [&](int32_t p) {
         return p <= restored.n_restored || p > static_cast<int32_t>(prompt.size());
@@ -341,6 +362,9 @@ void Scheduler::step() {
         if (slot->next_checkpoint < slot->checkpoints.size()) {
             end = std::min(end, slot->checkpoints[slot->next_checkpoint]);
         }
+        if (canonical_splits_ && end - begin > budget) {
+            continue;  // never cut a canonical chunk: wait for a batch with room for it
+        }
         end = std::min(end, begin + budget);
         int32_t logits_index = -1;
         for (int32_t i = begin; i < end; ++i) {
@@ -392,7 +416,7 @@ void Scheduler::step() {
                                 prompt.begin() + p.end);
         while (slot.next_checkpoint < slot.checkpoints.size() &&
                slot.checkpoints[slot.next_checkpoint] <= p.end) {
-            if (slot.checkpoints[slot.next_checkpoint] == p.end) {
+            if (slot.checkpoints[slot.next_checkpoint] == p.end && slot.is_checkpoint.count(p.end)) {
                 try {
                     stage_->on_checkpoint(*context_, slot.lane, slot.prompt_info, p.end);
                 } catch (const std::exception& e) {

@@ -42,6 +42,11 @@ struct SchedulerOptions {
     runtime::ContextOptions context;  // n_seq_max is computed: lanes + stage spares
     uint32_t max_queue_depth = 64;    // requests waiting for a lane beyond this are refused
     std::chrono::milliseconds queue_timeout{60000};
+    // Hybrid/recurrent models: prefill chunks always end at multiples of this stride and at
+    // chat-message boundaries, with the cache on or off. Their recurrent kernels round
+    // differently for different chunkings, so a canonical chunking is what makes a restored
+    // checkpoint bit-identical to a cold prefill. 0 = no canonical splitting.
+    uint32_t recurrent_split_stride = 128;
 };
 
 struct SchedulerStats {
@@ -94,6 +99,7 @@ private:
     std::unique_ptr<stage::StageBackend> stage_;
     std::unique_ptr<runtime::InferenceContext> context_;
     uint32_t n_ctx_ = 0;
+    bool canonical_splits_ = false;
     std::vector<std::unique_ptr<Slot>> slots_;
 
     mutable std::mutex queue_mutex_;

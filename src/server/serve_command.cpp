@@ -162,6 +162,8 @@ int run_serve(ServeConfig config) {
     if (config.scheduler.context.n_ctx == 0) {
         config.scheduler.context.n_ctx = model->n_ctx_train();
     }
+    // Same canonical chunking with the cache on or off (exact outputs either way).
+    config.scheduler.recurrent_split_stride = config.cache.stride;
     auto stage_backend = stage::make_stage(config.cache, *model, config.scheduler.context);
     const std::string cache_summary = stage_backend.summary;
     Scheduler scheduler(*model, config.scheduler, std::move(stage_backend.backend));

@@ -330,10 +330,10 @@ void PrefixCacheStage::on_finish(runtime::InferenceContext& context, SeqId lane,
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     if (payload_ != ActivePayload::ResidentKv) {
-        // End of the turn: the state after the reply, where the next turn continues.
-        if (lane_tokens.size() > prompt.tokens.size()) {
-            record_exact(context, lane, lane_tokens, ns);
-        }
+        // Not recorded for exact payloads: the reply was decoded token by token, and the
+        // recurrent kernels round differently than for the prefill of the next turn, so a
+        // state taken here would not be bit-identical to an uncached run. The next turn
+        // restores the checkpoint at the end of this prompt (its generation prompt).
         return;
     }
     RecordEvent event;
