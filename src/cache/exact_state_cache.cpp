@@ -262,6 +262,7 @@ QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns, std::span<co
         free_record(*id);
         return QuarantineStatus::Removed;
     }
+    ++hidden_entries_;
     return QuarantineStatus::Deferred;
 }
 
@@ -269,6 +270,7 @@ void ExactStateCache::release_lease(EntryId entry) noexcept {
     std::lock_guard lock(mu_);
     if (auto removed = index_.release_raw(entry)) {
         free_record(removed->entry);
+        --hidden_entries_;
     }
 }
 
@@ -297,12 +299,7 @@ ExactStateStats ExactStateCache::stats_locked() const {
     ExactStateStats s = counters_;
     s.blocks = store_.stats();
     s.entries = records_.size();
-    s.hidden_entries = 0;
-    for (const auto& info : index_.entries(ComponentKind::Exact)) {
-        if (info.doomed) {
-            ++s.hidden_entries;
-        }
-    }
+    s.hidden_entries = hidden_entries_;
     return s;
 }
 
@@ -344,6 +341,13 @@ std::optional<std::string> ExactStateCache::debug_check() const {
     }
     if (records_.size() != index_.size(ComponentKind::Exact)) {
         return std::string("record count differs from index entry count");
+    }
+    size_t doomed = 0;
+    for (const EntryInfo& info : index_.entries(ComponentKind::Exact)) {
+        doomed += info.doomed ? 1 : 0;
+    }
+    if (doomed != hidden_entries_) {
+        return std::string("hidden entry count differs from the index");
     }
     std::map<BlockId, uint32_t> refs;
     uint64_t logical = 0;

@@ -17,16 +17,18 @@
 //   // request path: never wait for the cache
 //   if (cache.try_contains(ns, prefix, page) == Presence::Absent) { export + submit }
 //
-// Thread safety: every public member takes one internal std::mutex, held only for index
-// and block-table work: payload hashing in insert() happens before the lock is taken, and
-// reconstruct() copies and verifies bytes after releasing it. try_* members use try_lock
+// Thread safety: every public member takes one internal std::mutex. It is held for index
+// and block-table work and for copying/comparing the bytes of an insert's blocks; payload
+// hashing in insert() happens before the lock is taken, and reconstruct() assembles and
+// verifies bytes after releasing it. try_* members use try_lock
 // and answer "unknown/busy" instead of waiting. Leases release through the same mutex, and
 // must not outlive the cache.
 //
 // Insert keeps the cache within its limits by evicting other unleased entries in LRU
 // order; the entry being inserted is never evicted to make room for itself: if it cannot
-// fit, the insert is undone and reports NoCapacity. Quarantine of a leased entry hides it
-// from lookups at once and frees its blocks when the last lease is released.
+// fit, the insert is undone and reports NoCapacity (an unleased entry it replaced at the
+// same path is gone by then). Quarantine of a leased entry hides it from lookups at once
+// and frees its blocks when the last lease is released.
 #pragma once
 
 #include <cstddef>
@@ -187,6 +189,7 @@ class ExactStateCache final : public LeaseOwner {
     RadixIndex index_;
     BlockStore store_;
     std::unordered_map<EntryId, Record> records_;
+    size_t hidden_entries_ = 0;  // quarantined while leased
     ExactStateStats counters_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "server/api_error.h"
 #include "server/text_output.h"
@@ -317,6 +318,12 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
             }
         }
     }
+    auto history = std::make_shared<const std::vector<runtime::ChatMessage>>(messages);
+    gen.render_turn_end = [this, history](const std::string& reply) {
+        std::vector<runtime::ChatMessage> with_reply = *history;
+        with_reply.push_back(runtime::ChatMessage{"assistant", reply});
+        return model_.tokenize(chat_template_.render(with_reply, false), true, true);
+    };
     std::sort(gen.message_boundaries.begin(), gen.message_boundaries.end());
     gen.message_boundaries.erase(
         std::unique(gen.message_boundaries.begin(), gen.message_boundaries.end()),

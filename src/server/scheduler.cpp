@@ -35,6 +35,7 @@ struct Scheduler::Slot {
     std::set<int32_t> is_checkpoint;   // the pauses where the stage records
     size_t next_checkpoint = 0;
     bool generating = false;
+    bool post_turn = false;  // reply delivered; prefilling the canonical end of the turn
     runtime::Token pending_token = 0;  // sampled, not decoded yet
     int32_t n_sampled = 0;       // tokens sampled, including a final end-of-generation token
     int32_t n_reply_tokens = 0;  // tokens of the reply (reported as completion_tokens)
@@ -208,9 +209,12 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.prompt_info.message_boundaries = slot.request.message_boundaries;
     slot.prompt_info.cache_namespace = slot.request.cache_namespace;
     slot.prompt_info.cache_enabled = slot.request.cache_enabled;
+    slot.prompt_info.track_turn_end = static_cast<bool>(slot.request.render_turn_end) &&
+                                      slot.request.cache_enabled && stage_->tracks_turn_end();
     slot.output.emplace(slot.request.stop);
     slot.unsent_tokens.clear();
     slot.generating = false;
+    slot.post_turn = false;
     slot.n_sampled = 0;
     slot.n_reply_tokens = 0;
     slot.next_checkpoint = 0;
@@ -261,6 +265,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
 void Scheduler::release_slot(Slot& slot) {
     context_->seq_clear(slot.lane);
     slot.active = false;
+    slot.post_turn = false;
     slot.sampler.reset();
     slot.stream.reset();
     slot.lane_tokens.clear();
@@ -295,7 +300,48 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: record at finish failed: %s\n", e.what());
     }
-    release_slot(slot);
+    if (!start_turn_end(slot)) {
+        release_slot(slot);
+    }
+}
+
+bool Scheduler::start_turn_end(Slot& slot) {
+    if (!slot.prompt_info.track_turn_end || !slot.request.render_turn_end) {
+        return false;
+    }
+    std::vector<runtime::Token> turn;
+    try {
+        turn = slot.request.render_turn_end(slot.output->text());
+    } catch (const std::exception& e) {
+        return false;
+    }
+    const auto& prompt = slot.request.prompt;
+    if (turn.size() <= prompt.size() || turn.size() >= n_ctx_ ||
+        !std::equal(prompt.begin(), prompt.end(), turn.begin())) {
+        return false;
+    }
+    if (!stage_->restore_turn_start(*context_, slot.lane, slot.prompt_info)) {
+        return false;
+    }
+    const auto n_start = static_cast<int32_t>(prompt.size());
+    slot.request.prompt = std::move(turn);
+    slot.prompt_info.tokens = std::span<const runtime::Token>(slot.request.prompt);
+    slot.prompt_info.track_turn_end = false;
+    slot.lane_tokens.assign(slot.request.prompt.begin(), slot.request.prompt.begin() + n_start);
+    const auto n_turn = static_cast<int32_t>(slot.request.prompt.size());
+    slot.checkpoints.clear();
+    if (options_.recurrent_split_stride > 0) {
+        const auto stride = static_cast<int32_t>(options_.recurrent_split_stride);
+        for (int32_t p = (n_start / stride + 1) * stride; p < n_turn; p += stride) {
+            slot.checkpoints.push_back(p);
+        }
+    }
+    slot.checkpoints.push_back(n_turn);
+    slot.is_checkpoint = {n_turn};
+    slot.next_checkpoint = 0;
+    slot.generating = false;
+    slot.post_turn = true;
+    return true;
 }
 
 void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
@@ -329,7 +375,7 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
 
 void Scheduler::step() {
     for (auto& slot : slots_) {
-        if (slot->active && slot->stream->cancelled()) {
+        if (slot->active && !slot->post_turn && slot->stream->cancelled()) {
             cancelled_.fetch_add(1);
             release_slot(*slot);
         }
@@ -368,7 +414,7 @@ void Scheduler::step() {
         end = std::min(end, begin + budget);
         int32_t logits_index = -1;
         for (int32_t i = begin; i < end; ++i) {
-            const bool last = i == static_cast<int32_t>(prompt.size()) - 1;
+            const bool last = i == static_cast<int32_t>(prompt.size()) - 1 && !slot->post_turn;
             const int32_t index =
                 context_->batch_add(prompt[static_cast<size_t>(i)], i, slot->lane, last);
             if (last) {
@@ -425,7 +471,9 @@ void Scheduler::step() {
             }
             ++slot.next_checkpoint;
         }
-        if (p.end == static_cast<int32_t>(prompt.size())) {
+        if (p.end == static_cast<int32_t>(prompt.size()) && slot.post_turn) {
+            release_slot(slot);  // the end of the turn is recorded
+        } else if (p.end == static_cast<int32_t>(prompt.size())) {
             slot.generating = true;
             sample_slot(slot, p.logits_index);
         }

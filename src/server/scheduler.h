@@ -13,6 +13,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +36,9 @@ struct GenerationRequest {
     std::vector<int32_t> message_boundaries;  // structural record positions
     std::string cache_namespace;
     bool cache_enabled = true;
+    // Chat requests: tokens of the conversation with `reply` appended as the assistant
+    // message, as the next request of this conversation will render it.
+    std::function<std::vector<runtime::Token>(const std::string& reply)> render_turn_end;
 };
 
 struct SchedulerOptions {
@@ -93,6 +97,7 @@ private:
     void finish_slot(Slot& slot, const std::string& finish_reason);
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void sample_slot(Slot& slot, int32_t batch_index);
+    bool start_turn_end(Slot& slot);
 
     const runtime::Model& model_;
     SchedulerOptions options_;

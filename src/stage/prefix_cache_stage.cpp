@@ -85,6 +85,7 @@ void PrefixCacheStage::attach(runtime::InferenceContext& context, SeqId first_sp
     n_ctx_ = context.n_ctx();
     n_lanes_ = n_lanes;
     lane_shared_tokens_.assign(n_lanes, 0);
+    turn_start_state_.assign(n_lanes, {});
     if (payload_ == ActivePayload::ResidentKv) {
         cache::ResidentCacheOptions options;
         options.seq_id_count = static_cast<int32_t>(context.n_seq_max());
@@ -118,6 +119,7 @@ RestoreResult PrefixCacheStage::restore(runtime::InferenceContext& context, SeqI
                                         const PromptInfo& prompt) {
     if (static_cast<size_t>(lane) < lane_shared_tokens_.size()) {
         lane_shared_tokens_[static_cast<size_t>(lane)] = 0;
+        turn_start_state_[static_cast<size_t>(lane)].clear();
     }
     LookupEvent event;
     event.payload = active_payload_name(payload_);
@@ -254,6 +256,11 @@ void PrefixCacheStage::on_checkpoint(runtime::InferenceContext& context, SeqId l
                                      const PromptInfo& prompt, int32_t n_tokens) {
     if (!records_enabled(prompt) || !exact_) {
         return;
+    }
+    if (prompt.track_turn_end && static_cast<size_t>(n_tokens) == prompt.tokens.size() &&
+        static_cast<size_t>(lane) < turn_start_state_.size()) {
+        turn_start_state_[static_cast<size_t>(lane)] =
+            context.state_export(lane, runtime::StateScope::Full);
     }
     record_exact(context, lane, prompt.tokens.first(static_cast<size_t>(n_tokens)),
                  namespace_for(prompt.cache_namespace));
@@ -396,6 +403,26 @@ void PrefixCacheStage::make_room(runtime::InferenceContext& context, uint32_t n_
     const auto evicted = resident_->evict_tokens(used + n_cells - n_ctx_);
     drop_sequences(context, evicted);
     telemetry_->resident_evictions(evicted.size());
+}
+
+bool PrefixCacheStage::tracks_turn_end() const {
+    return payload_ != ActivePayload::ResidentKv && config_.mode != CacheMode::Off;
+}
+
+bool PrefixCacheStage::restore_turn_start(runtime::InferenceContext& context, SeqId lane,
+                                          const PromptInfo& prompt) {
+    if (static_cast<size_t>(lane) >= turn_start_state_.size()) {
+        return false;
+    }
+    std::vector<uint8_t> state = std::move(turn_start_state_[static_cast<size_t>(lane)]);
+    turn_start_state_[static_cast<size_t>(lane)].clear();
+    context.seq_clear(lane);
+    if (state.empty() || !context.state_import(state, lane, runtime::StateScope::Full) ||
+        context.seq_pos_max(lane) != static_cast<Pos>(prompt.tokens.size()) - 1) {
+        context.seq_clear(lane);
+        return false;
+    }
+    return true;
 }
 
 bool PrefixCacheStage::evict_for_space(runtime::InferenceContext& context) {

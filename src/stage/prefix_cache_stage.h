@@ -57,6 +57,9 @@ public:
                    std::span<const Token> lane_tokens, const PromptInfo& prompt) override;
     void make_room(runtime::InferenceContext& context, uint32_t n_cells) override;
     bool evict_for_space(runtime::InferenceContext& context) override;
+    bool tracks_turn_end() const override;
+    bool restore_turn_start(runtime::InferenceContext& context, SeqId lane,
+                            const PromptInfo& prompt) override;
 
     std::string metrics_text() const;
     ActivePayload payload() const { return payload_; }
@@ -91,6 +94,7 @@ private:
     std::unique_ptr<cache::RecordQueue> queue_;
     std::unique_ptr<cache::ResidentCache> resident_;
     std::vector<int32_t> lane_shared_tokens_;  // per lane: cells shared with a resident entry
+    std::vector<std::vector<uint8_t>> turn_start_state_;  // per lane: state at the prompt end
     std::unique_ptr<CacheTelemetry> telemetry_;
 };
 

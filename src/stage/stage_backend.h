@@ -27,6 +27,9 @@ struct PromptInfo {
     std::vector<int32_t> message_boundaries;
     std::string cache_namespace;  // tenant key; empty = default namespace
     bool cache_enabled = true;    // per-request opt-out
+    // The scheduler will ask for the state at the end of this prompt after the reply
+    // (restore_turn_start) to record the canonical end of the turn.
+    bool track_turn_end = false;
 };
 
 struct RestoreResult {
@@ -64,6 +67,16 @@ public:
     virtual void make_room(runtime::InferenceContext& context, uint32_t n_cells) = 0;
     // A decode found no KV slot: evict one more entry. False when nothing is evictable.
     virtual bool evict_for_space(runtime::InferenceContext& context) = 0;
+
+    // End-of-turn recording for stateful payloads: after the reply, the scheduler puts the
+    // lane back to the state at the end of the prompt (kept at its checkpoint) and prefills
+    // the conversation as the next request will render it, in canonical chunks, so the
+    // checkpoint at the end of the assistant message is bit-identical to a cold prefill.
+    virtual bool tracks_turn_end() const { return false; }
+    virtual bool restore_turn_start(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
+                                    const PromptInfo& /*prompt*/) {
+        return false;
+    }
 };
 
 // The stage used when the prefix cache is off: every request is a miss.

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "stage/kv_pages.h"
+
 namespace skippy::stage {
 
 using runtime::StateScope;
@@ -51,16 +53,23 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
         check_header(partial);
         const size_t recurrent_size = partial.size() - kLlamaSeqStateHeader;
         // llama.cpp writes the attention part first, then the recurrent part.
-        if (recurrent_size == 0 || recurrent_size > out.bytes.size() ||
-            std::memcmp(out.bytes.data() + (out.bytes.size() - recurrent_size),
+        const std::span<const uint8_t> raw(out.bytes);
+        if (recurrent_size == 0 || recurrent_size > raw.size() ||
+            std::memcmp(raw.data() + (raw.size() - recurrent_size),
                         partial.data() + kLlamaSeqStateHeader, recurrent_size) != 0) {
             throw std::runtime_error("state layout not understood: recurrent section mismatch");
         }
+        // The attention part is stored as token-range pages; the recurrent part as is.
+        EncodedKvPages pages =
+            encode_kv_pages(raw.first(raw.size() - recurrent_size), n_tokens);
+        std::vector<uint8_t> bytes = std::move(pages.bytes);
+        d.kv_bytes = bytes.size();
         d.recurrent_bytes = recurrent_size;
-        d.kv_bytes = out.bytes.size() - recurrent_size;
-        if (d.kv_bytes > 0) {
-            out.cuts.push_back(d.kv_bytes);
-        }
+        bytes.insert(bytes.end(), raw.end() - static_cast<ptrdiff_t>(recurrent_size), raw.end());
+        out.bytes = std::move(bytes);
+        d.payload_bytes = out.bytes.size();
+        out.cuts = std::move(pages.cuts);
+        out.cuts.push_back(d.kv_bytes);
     }
     return out;
 }
@@ -99,12 +108,27 @@ std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> byte
         descriptor.kv_bytes + descriptor.recurrent_bytes != bytes.size()) {
         return fail("section sizes mismatch");
     }
-    std::vector<uint8_t> blob(kLlamaSeqStateHeader + bytes.size());
+    // The reader ignores the source sequence id (header and cells): it imports into the
+    // destination sequence given to it.
     const uint32_t magic = kLlamaSeqStateMagic;
     const int32_t source_seq = 0;
+    std::vector<uint8_t> blob(kLlamaSeqStateHeader);
     std::memcpy(blob.data(), &magic, sizeof magic);
     std::memcpy(blob.data() + sizeof magic, &source_seq, sizeof source_seq);
-    std::memcpy(blob.data() + kLlamaSeqStateHeader, bytes.data(), bytes.size());
+    if (descriptor.kind != cache::PayloadKind::KvRecurrent) {
+        blob.insert(blob.end(), bytes.begin(), bytes.end());
+        return blob;
+    }
+    const auto kv_bytes = static_cast<size_t>(descriptor.kv_bytes);
+    std::string why;
+    blob.reserve(kLlamaSeqStateHeader + bytes.size() + size_t{16} * expected_tokens + 256);
+    if (!decode_kv_pages(bytes.first(kv_bytes), expected_tokens, source_seq, blob, &why)) {
+        if (reason != nullptr) {
+            *reason = why;
+        }
+        return std::nullopt;
+    }
+    blob.insert(blob.end(), bytes.begin() + static_cast<ptrdiff_t>(kv_bytes), bytes.end());
     return blob;
 }
 

@@ -1,13 +1,19 @@
 // State payloads: how an exported sequence state is laid out for the exact-state cache.
 //
-//   full-state:   the whole llama.cpp per-sequence blob (attention KV + recurrent state).
-//   kv-recurrent: [attention KV section][recurrent section]. The recurrent section is the
-//                 PARTIAL_ONLY export (the state exactly at the checkpoint); the attention
-//                 section is the rest of the full blob. The sections are cut apart so the
-//                 block store can share attention blocks between entries.
+//   full-state:   the whole llama.cpp per-sequence blob (attention KV + recurrent state),
+//                 without its 8-byte magic/seq-id header.
+//   kv-recurrent: [attention KV pages][recurrent section]. The attention section of the
+//                 llama.cpp blob is re-laid out as token-range pages (stage/kv_pages.h:
+//                 format version, 64-token pages, raw fallback for layouts it does not
+//                 page, an empty header for pure recurrent models); the recurrent section
+//                 is the PARTIAL_ONLY export (the state exactly at the checkpoint), as is.
+//                 descriptor.kv_bytes is the paged section's size. Cuts fall after the
+//                 pages' header, after every page and between the sections, so a longer
+//                 prefix shares the page blocks of a shorter one in the block store.
 //
-// decode_payload() checks the payload against its descriptor and returns the bytes to
-// import with StateScope::Full; any inconsistency is an error that quarantines the entry.
+// decode_payload() checks the payload against its descriptor (and the pages against the
+// token range) and returns the bytes to import with StateScope::Full into any lane; any
+// inconsistency is an error that quarantines the entry.
 #pragma once
 
 #include <cstdint>

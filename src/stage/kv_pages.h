@@ -1,0 +1,106 @@
+// KV pages: the attention section of a kv-recurrent payload, re-laid out by token range so
+// that a longer prefix shares the pages (and so the blocks in the BlockStore) of a shorter
+// one.
+//
+//   EncodedKvPages pages = encode_kv_pages(attention, n_tokens);   // may throw
+//   store.insert(pages.bytes, pages.cuts);                          // page-aligned cuts
+//   std::vector<uint8_t> out;
+//   if (!decode_kv_pages(pages.bytes, n_tokens, /*cell_seq_id=*/0, out, &reason)) ...;
+//
+// Input: what llama_kv_cache::state_write() writes for ONE sequence (the per-sequence blob
+// after its 8-byte magic/seq-id header, up to where the recurrent part of a hybrid memory
+// starts):
+//
+//   u32 n_stream
+//   per stream: u32 cell_count; if cell_count > 0:
+//     per cell:  i32 pos, u32 n_seq_id, [llama_kv_cell_ext if the cache has one], i32 seq_id...
+//     u32 v_trans, u32 n_layer
+//     per layer:          i32 k_type, u64 k_row_size, cell_count K rows
+//     per layer with V:   !v_trans: i32 v_type, u64 v_row_size, cell_count V rows
+//                          v_trans: i32 v_type, u32 v_el_size, u32 n_embd_v_gqa,
+//                                   per embedding dim: cell_count elements
+//
+// Paged section (all integers little-endian, packed):
+//
+//   header   u32 magic "SKVP" (0x50564b53), u8 format version (kKvPagesVersion),
+//            u8 mode (KvPagesMode), u16 page tokens (kKvPageTokens, part of the format),
+//            u64 llama.cpp state format fingerprint (XXH3 of runtime::runtime_version()).
+//   Empty:   nothing else (the memory wrote no attention state, e.g. mamba2).
+//   Raw:     u64 size, then the llama.cpp attention section unchanged (layouts the codec
+//            does not page: several streams, cells with ext, SWA-masked or non-0..n-1
+//            positions).
+//   Paged:   u32 n_tokens, u32 n_pages, u32 v_trans, u32 n_k, u32 n_v,
+//            n_k x {i32 type, u32 0, u64 row size},
+//            n_v x {i32 type, u32 n_embd_v_gqa (v_trans) or 0, u64 el size (v_trans) or row size},
+//            then n_pages pages; page i holds tokens [64i, min(64(i+1), n_tokens)):
+//              per K layer: the K rows of those tokens (pos order)
+//              per V entry: !v_trans: the V rows of those tokens
+//                            v_trans: per embedding dim, the elements of those tokens
+//
+// The bytes of page i depend only on the KV values of its tokens and on the layouts, not on
+// the source sequence id, the cell indices or the prefix length, so equal KV values give
+// byte-identical pages. Cuts are returned after the header and after every page.
+//
+// Decoding rebuilds the llama.cpp attention section that llama_kv_cache::state_read()
+// accepts for a single destination sequence: one stream, the cells in pos order, each with
+// n_seq_id = 1 and seq id `cell_seq_id` (the reader discards it and uses its destination).
+// For a sequence exported from lane L with its cells in pos order, decoding with
+// cell_seq_id = L reproduces the exported bytes exactly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace skippy::stage {
+
+inline constexpr uint32_t kKvPagesMagic = 0x50564b53;  // "SKVP"
+inline constexpr uint8_t kKvPagesVersion = 1;
+inline constexpr uint32_t kKvPageTokens = 64;
+
+enum class KvPagesMode : uint8_t { Empty = 0, Paged = 1, Raw = 2 };
+const char* to_string(KvPagesMode mode);
+
+struct EncodedKvPages {
+    std::vector<uint8_t> bytes;
+    std::vector<size_t> cuts;  // strictly increasing, inside (0, bytes.size())
+    KvPagesMode mode = KvPagesMode::Empty;
+    std::string raw_reason;  // Raw: why the layout was not paged
+};
+
+// Encodes the attention section of a sequence holding `n_tokens` tokens. Unsupported
+// layouts are stored Raw (see above). Throws std::runtime_error when the section is a
+// supported layout but does not hold exactly positions 0..n_tokens-1.
+EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens);
+
+struct KvPagesInfo {
+    KvPagesMode mode = KvPagesMode::Empty;
+    size_t header_bytes = 0;
+    // Paged only:
+    uint32_t n_tokens = 0;
+    uint32_t n_pages = 0;
+    bool v_trans = false;
+    uint32_t n_k_layers = 0;
+    uint32_t n_v_entries = 0;
+    uint64_t bytes_per_token = 0;  // page bytes per token (all layers, K and V)
+    // Raw only:
+    uint64_t raw_bytes = 0;
+};
+
+// Parses and checks the header against the section size; nullopt + reason when invalid.
+std::optional<KvPagesInfo> inspect_kv_pages(std::span<const uint8_t> section, std::string* reason);
+
+// Appends the llama.cpp attention section to `out`. False + reason (nothing appended) when
+// the section is inconsistent: truncated or trailing bytes, wrong magic/version/page size,
+// another llama.cpp state format, token count different from `expected_tokens`, page count
+// or sizes not adding up.
+bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
+                     int32_t cell_seq_id, std::vector<uint8_t>& out, std::string* reason);
+
+// Fingerprint of the llama.cpp state format this build reads and writes.
+uint64_t llama_state_format_fingerprint();
+
+}  // namespace skippy::stage
