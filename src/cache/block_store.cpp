@@ -349,6 +349,34 @@ ReconstructResult PayloadSnapshot::reconstruct(bool verify) const {
     return result;
 }
 
+ReconstructError PayloadSnapshot::reconstruct_into(std::vector<uint8_t>& out, bool verify) const {
+    uint64_t total = 0;
+    for (const Part& p : parts_) {
+        total += p.size;
+    }
+    if (total != size_) {
+        return ReconstructError::SizeMismatch;
+    }
+    out.resize(static_cast<size_t>(size_));
+    std::vector<Hash128> hashes;
+    std::vector<size_t> sizes;
+    size_t off = 0;
+    for (const Part& p : parts_) {
+        if (p.size != 0) {
+            std::memcpy(out.data() + off, p.data.get(), p.size);
+        }
+        if (verify) {
+            hashes.push_back(hasher_({out.data() + off, p.size}));
+            sizes.push_back(p.size);
+        }
+        off += p.size;
+    }
+    if (verify && payload_checksum(size_, hashes, sizes) != checksum_) {
+        return ReconstructError::ChecksumMismatch;
+    }
+    return ReconstructError::None;
+}
+
 std::optional<uint32_t> BlockStore::refcount(BlockId block) const {
     auto it = blocks_.find(block);
     if (it == blocks_.end()) {

@@ -8,6 +8,7 @@
 //
 //   ReconstructResult r = store.reconstruct(p);          // verifies the checksum
 //   if (r.ok()) use(r.bytes.span());                     // single block: no copy
+//   store.snapshot(p)->reconstruct_into(reused_buffer);  // into a caller's buffer
 //   store.release(p);                                    // validated before any change
 //
 // Blocks: a payload is cut at the caller's cut points (e.g. the token-chunk boundaries
@@ -143,6 +144,9 @@ struct PreparedPayload {
 class PayloadSnapshot {
    public:
     ReconstructResult reconstruct(bool verify = true) const;
+    // Copies the payload into `out` (resized to size(); reuse it across calls to avoid
+    // page-faulting a fresh buffer each time). On error `out` holds no valid payload.
+    ReconstructError reconstruct_into(std::vector<uint8_t>& out, bool verify = true) const;
     uint64_t size() const { return size_; }
 
    private:

@@ -230,20 +230,31 @@ TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns,
 }
 
 ReconstructResult ExactStateCache::reconstruct(const Lease& lease, bool verify) const {
-    std::optional<PayloadSnapshot> snap;
-    {
-        std::lock_guard lock(mu_);
-        auto it = records_.find(lease.entry());
-        if (lease.held() && it != records_.end()) {
-            snap = store_.snapshot(it->second.payload);
-        }
-    }
+    std::optional<PayloadSnapshot> snap = snapshot_of(lease);
     if (!snap) {
         ReconstructResult r;
         r.error = ReconstructError::MissingBlock;
         return r;
     }
     return snap->reconstruct(verify);  // outside the lock
+}
+
+std::optional<PayloadSnapshot> ExactStateCache::snapshot_of(const Lease& lease) const {
+    std::lock_guard lock(mu_);
+    auto it = records_.find(lease.entry());
+    if (lease.owner() != this || it == records_.end()) {
+        return std::nullopt;
+    }
+    return store_.snapshot(it->second.payload);
+}
+
+ReconstructError ExactStateCache::reconstruct_into(const Lease& lease, std::vector<uint8_t>& out,
+                                                   bool verify) const {
+    std::optional<PayloadSnapshot> snap = snapshot_of(lease);
+    if (!snap) {
+        return ReconstructError::MissingBlock;
+    }
+    return snap->reconstruct_into(out, verify);  // outside the lock
 }
 
 QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns, std::span<const Token> tokens,

@@ -148,6 +148,9 @@ class ExactStateCache final : public LeaseOwner {
 
     // Bytes of a leased entry (MissingBlock if the lease is not from this cache).
     ReconstructResult reconstruct(const Lease& lease, bool verify = true) const;
+    // Same, into a caller-owned buffer that can be reused across restores.
+    ReconstructError reconstruct_into(const Lease& lease, std::vector<uint8_t>& out,
+                                      bool verify = true) const;
 
     // Removes the entry stored exactly at `tokens` if it is `page` (see QuarantineStatus).
     QuarantineStatus quarantine(const NamespaceId& ns, std::span<const Token> tokens, PageId page);
@@ -180,6 +183,7 @@ class ExactStateCache final : public LeaseOwner {
     bool fits_after_evicting_all(EntryId keep) const;
     void free_record(EntryId entry);
     ExactStateStats stats_locked() const;
+    std::optional<PayloadSnapshot> snapshot_of(const Lease& lease) const;
     std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query) const;
     Presence contains_locked(const NamespaceId& ns, std::span<const Token> tokens,
                              PageId page) const;

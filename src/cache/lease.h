@@ -56,6 +56,7 @@ class Lease {
     }
 
     EntryId entry() const { return entry_; }
+    const LeaseOwner* owner() const { return owner_; }
     bool held() const { return owner_ != nullptr; }
     explicit operator bool() const { return held(); }
 

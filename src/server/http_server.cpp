@@ -66,6 +66,40 @@ json skippy_json(const GenerationStats& stats) {
 
 std::string sse(const json& chunk) { return "data: " + dump_json(chunk) + "\n\n"; }
 
+std::string ascii_lower(std::string text) {
+    for (char& c : text) {
+        if (c >= 'A' && c <= 'Z') {
+            c = static_cast<char>(c - 'A' + 'a');
+        }
+    }
+    return text;
+}
+
+std::string trim(const std::string& text) {
+    const size_t begin = text.find_first_not_of(" \t");
+    if (begin == std::string::npos) {
+        return "";
+    }
+    return text.substr(begin, text.find_last_not_of(" \t") - begin + 1);
+}
+
+// "application/json", with any parameters ("; charset=utf-8") and in any letter case.
+bool is_json_media_type(const std::string& content_type) {
+    return ascii_lower(trim(content_type.substr(0, content_type.find(';')))) ==
+           "application/json";
+}
+
+// The token of an "Authorization: Bearer TOKEN" header (the scheme is case-insensitive);
+// empty when the header is missing or uses another scheme.
+std::string bearer_token(const std::string& header) {
+    const std::string value = trim(header);
+    const size_t space = value.find(' ');
+    if (space == std::string::npos || ascii_lower(value.substr(0, space)) != "bearer") {
+        return "";
+    }
+    return trim(value.substr(space + 1));
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -110,18 +144,32 @@ void HttpServer::Impl::setup() {
     server.new_task_queue = [threads] {
         return new httplib::ThreadPool(static_cast<size_t>(threads));
     };
+    // Runs before the body is read.
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-        if (options.api_key.empty() || req.path == "/health") {
-            return httplib::Server::HandlerResponse::Unhandled;
+        if (!options.api_key.empty() && req.path != "/health") {
+            const std::string given = bearer_token(req.get_header_value("Authorization"));
+            if (given.empty() || !secrets_equal(given, options.api_key)) {
+                res.set_header("WWW-Authenticate", "Bearer");
+                send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                           "invalid_api_key");
+                return httplib::Server::HandlerResponse::Handled;
+            }
         }
-        const std::string header = req.get_header_value("Authorization");
-        const std::string prefix = "Bearer ";
-        const std::string given =
-            header.rfind(prefix, 0) == 0 ? header.substr(prefix.size()) : std::string();
-        if (!secrets_equal(given, options.api_key)) {
-            send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
-                       "invalid_api_key");
-            return httplib::Server::HandlerResponse::Handled;
+        // A declared body above the limit is refused at once (httplib would otherwise wait
+        // for bytes a client may never send and answer 400 after its read timeout). The
+        // connection closes, so the unread body is never parsed as a next request.
+        if (req.has_header("Content-Length")) {
+            const std::string length = req.get_header_value("Content-Length");
+            const bool digits = !length.empty() && length.size() <= 19 &&
+                                length.find_first_not_of("0123456789") == std::string::npos;
+            if (digits && std::stoull(length) > options.max_body_bytes) {
+                res.set_header("Connection", "close");
+                send_error(res, 413, "invalid_request_error",
+                           "Request body is too large (limit " +
+                               std::to_string(options.max_body_bytes) + " bytes)",
+                           "", "request_too_large");
+                return httplib::Server::HandlerResponse::Handled;
+            }
         }
         return httplib::Server::HandlerResponse::Unhandled;
     });
@@ -132,10 +180,12 @@ void HttpServer::Impl::setup() {
         }
         std::string message = "error";
         std::string type = "invalid_request_error";
+        std::string code;
         if (res.status == 404) {
             message = "Unknown endpoint: " + req.method + " " + req.path;
         } else if (res.status == 413) {
             message = "Request body is too large";
+            code = "request_too_large";
         } else if (res.status == 405) {
             message = "Method not allowed";
         } else if (res.status >= 500) {
@@ -144,7 +194,8 @@ void HttpServer::Impl::setup() {
         } else {
             message = httplib::status_message(res.status);
         }
-        res.set_content(dump_json(error_body(res.status, type, message)), "application/json");
+        res.set_content(dump_json(error_body(res.status, type, message, "", code)),
+                        "application/json");
     });
     server.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -262,7 +313,7 @@ json HttpServer::Impl::chunk_object(const ParsedRequest& parsed, const std::stri
 void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Request& req,
                                          httplib::Response& res) {
     const std::string content_type = req.get_header_value("Content-Type");
-    if (content_type.rfind("application/json", 0) != 0) {
+    if (!is_json_media_type(content_type)) {
         send_error(res, 415, "invalid_request_error",
                    "Content-Type must be application/json (got '" + content_type + "')");
         return;
@@ -323,13 +374,19 @@ void HttpServer::Impl::respond_blocking(const ParsedRequest& parsed,
                                         const httplib::Request& req, httplib::Response& res) {
     std::string text;
     std::vector<runtime::Token> tokens;
+    // Checked on a timer, not only when no event came: while tokens flow, next() never
+    // times out, and a client that left would keep its lane until max_tokens.
+    auto next_check = std::chrono::steady_clock::now() + kPollInterval;
     for (;;) {
         auto event = stream->next(kPollInterval);
-        if (!event) {
+        if (!event || std::chrono::steady_clock::now() >= next_check) {
+            next_check = std::chrono::steady_clock::now() + kPollInterval;
             if (req.is_connection_closed()) {
                 stream->cancel();
                 return;
             }
+        }
+        if (!event) {
             continue;
         }
         switch (event->kind) {

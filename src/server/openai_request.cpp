@@ -81,6 +81,74 @@ std::string checked_text(const json& value, const std::string& param) {
     return text;
 }
 
+// Checks a GBNF grammar against the limits llama.cpp's recursive grammar parser can take
+// (nesting of parenthesized groups, number of rules, size). Quoted literals, character
+// classes and comments are skipped, so parentheses inside them do not count.
+void check_grammar(const std::string& grammar, const RequestLimits& limits) {
+    if (grammar.size() > limits.max_grammar_bytes) {
+        throw invalid_request("'grammar' is longer than " +
+                                  std::to_string(limits.max_grammar_bytes) + " bytes",
+                              "grammar");
+    }
+    enum class State { Normal, Literal, CharClass, Comment };
+    State state = State::Normal;
+    size_t depth = 0;
+    size_t rules = 0;
+    for (size_t i = 0; i < grammar.size(); ++i) {
+        const char c = grammar[i];
+        switch (state) {
+            case State::Normal:
+                if (c == '"') {
+                    state = State::Literal;
+                } else if (c == '[') {
+                    state = State::CharClass;
+                } else if (c == '#') {
+                    state = State::Comment;
+                } else if (c == '(') {
+                    if (++depth > limits.max_grammar_depth) {
+                        throw invalid_request("'grammar' nests groups deeper than " +
+                                                  std::to_string(limits.max_grammar_depth),
+                                              "grammar");
+                    }
+                } else if (c == ')') {
+                    depth = depth > 0 ? depth - 1 : 0;
+                } else if (c == ':' && grammar.compare(i, 3, "::=") == 0) {
+                    if (++rules > limits.max_grammar_rules) {
+                        throw invalid_request("'grammar' has more than " +
+                                                  std::to_string(limits.max_grammar_rules) +
+                                                  " rules",
+                                              "grammar");
+                    }
+                    i += 2;
+                }
+                break;
+            case State::Literal:
+                if (c == '\\') {
+                    ++i;
+                } else if (c == '"') {
+                    state = State::Normal;
+                }
+                break;
+            case State::CharClass:
+                if (c == '\\') {
+                    ++i;
+                } else if (c == ']') {
+                    state = State::Normal;
+                }
+                break;
+            case State::Comment:
+                if (c == '\n' || c == '\r') {
+                    state = State::Normal;
+                }
+                break;
+        }
+    }
+}
+
+ApiError context_length_exceeded(const std::string& message, const char* param) {
+    return ApiError(400, "invalid_request_error", message, param, "context_length_exceeded");
+}
+
 // Length of the common prefix of two token sequences.
 size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<runtime::Token>& b) {
     const size_t n = std::min(a.size(), b.size());
@@ -99,7 +167,32 @@ OpenAiRequestParser::OpenAiRequestParser(const runtime::Model& model,
     : model_(model),
       chat_template_(chat_template),
       model_ids_(std::move(model_ids)),
-      limits_(limits) {}
+      limits_(limits) {
+    for (runtime::Token t = 0; t < model_.n_vocab(); ++t) {
+        max_token_bytes_ = std::max(max_token_bytes_, model_.token_to_piece(t, true).size());
+    }
+}
+
+void OpenAiRequestParser::check_text_fits(size_t text_bytes, const char* param) const {
+    // No token stands for more than max_token_bytes_ bytes of text, so longer text has more
+    // tokens than the context holds (the factor 2 leaves room for normalizing tokenizers).
+    if (text_bytes / 2 / max_token_bytes_ > limits_.n_ctx) {
+        throw context_length_exceeded("prompt is " + std::to_string(text_bytes) +
+                                          " bytes, far more than the context holds (" +
+                                          std::to_string(limits_.n_ctx) + " tokens)",
+                                      param);
+    }
+}
+
+void OpenAiRequestParser::check_prompt_fits(size_t n_tokens, const char* param) const {
+    if (n_tokens >= limits_.n_ctx) {
+        throw context_length_exceeded("prompt has " + std::to_string(n_tokens) +
+                                          " tokens, the context holds " +
+                                          std::to_string(limits_.n_ctx) +
+                                          " (prompt + completion must fit)",
+                                      param);
+    }
+}
 
 ParsedRequest OpenAiRequestParser::parse(Endpoint endpoint, const std::string& body_text) const {
     if (!is_valid_utf8(body_text)) {
@@ -126,13 +219,8 @@ ParsedRequest OpenAiRequestParser::parse(Endpoint endpoint, const std::string& b
     if (gen.prompt.empty()) {
         throw invalid_request("prompt is empty after tokenization", "prompt");
     }
-    if (gen.prompt.size() >= limits_.n_ctx) {
-        throw ApiError(400, "invalid_request_error",
-                       "prompt has " + std::to_string(gen.prompt.size()) +
-                           " tokens, the context holds " + std::to_string(limits_.n_ctx) +
-                           " (prompt + completion must fit)",
-                       "messages", "context_length_exceeded");
-    }
+    check_prompt_fits(gen.prompt.size(),
+                      endpoint == Endpoint::ChatCompletions ? "messages" : "prompt");
     const auto room = static_cast<int64_t>(limits_.n_ctx - gen.prompt.size());
     gen.max_tokens = static_cast<int32_t>(std::min<int64_t>(gen.max_tokens, room));
     return out;
@@ -188,6 +276,7 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
     }
     if (const json* grammar = find_field(body, "grammar")) {
         s.grammar = checked_text(*grammar, "grammar");
+        check_grammar(s.grammar, limits_);
     }
     if (const json* stop = find_field(body, "stop")) {
         if (stop->is_string()) {
@@ -270,7 +359,8 @@ std::vector<runtime::ChatMessage> OpenAiRequestParser::parse_messages(const json
             parsed.content = checked_text(*content, where + ".content");
         } else if (content->is_array()) {
             for (const auto& part : *content) {
-                if (!part.is_object() || part.value("type", "") != "text" ||
+                const json* type = part.is_object() ? find_field(part, "type") : nullptr;
+                if (type == nullptr || !type->is_string() || *type != "text" ||
                     !part.contains("text")) {
                     throw invalid_request(where + ".content parts must be {type: 'text', text}",
                                           where + ".content");
@@ -296,10 +386,19 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     }
     const auto messages = parse_messages(*messages_json);
     const std::string prompt = chat_template_.render(messages, true);
+    check_text_fits(prompt.size(), "messages");
     auto& gen = out.generation;
     gen.prompt = model_.tokenize(prompt, true, true);
+    // Before the (quadratic) boundary search: a prompt that cannot fit is rejected cheaply.
+    check_prompt_fits(gen.prompt.size(), "messages");
     // Structural record positions: where each earlier message ends in the prompt's tokens.
+    constexpr size_t kRenderFixedCost = 16;
+    size_t render_cost = 0;
     for (size_t k = 1; k < messages.size(); ++k) {
+        render_cost += (k + kRenderFixedCost) * (messages[k].role == "assistant" ? 2 : 1);
+        if (render_cost > limits_.max_boundary_render_cost) {
+            break;  // depends only on messages[0..k]: the same cut-off in the next turn
+        }
         const std::vector<runtime::ChatMessage> head(messages.begin(),
                                                      messages.begin() + static_cast<long>(k));
         const auto head_tokens = model_.tokenize(chat_template_.render(head, false), true, true);
@@ -344,8 +443,11 @@ void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out)
         single = &(*prompt)[0];
     }
     if (single->is_string()) {
-        gen.prompt = model_.tokenize(checked_text(*single, "prompt"), true, true);
+        const std::string text = checked_text(*single, "prompt");
+        check_text_fits(text.size(), "prompt");
+        gen.prompt = model_.tokenize(text, true, true);
     } else if (single->is_array()) {
+        check_prompt_fits(single->size(), "prompt");
         for (const auto& item : *single) {
             if (!item.is_number_integer() && !item.is_number_unsigned()) {
                 throw invalid_request("token prompts must be arrays of integers", "prompt");

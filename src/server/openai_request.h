@@ -19,6 +19,19 @@ struct RequestLimits {
     size_t max_stop_strings = 16;
     size_t max_stop_length = 256;
     size_t max_messages = 4096;
+    // GBNF grammars: llama.cpp's grammar parser recurses once per nested group and once
+    // per rule in a reference chain, on the scheduler thread; deeper input overflows its
+    // stack and kills the process.
+    size_t max_grammar_bytes = 256 * 1024;
+    size_t max_grammar_depth = 128;
+    size_t max_grammar_rules = 2048;
+    // Structural record positions (message_boundaries) cost one chat-template render per
+    // earlier message, each over all messages before it (quadratic in the message count).
+    // They are computed in message order while the running cost (messages rendered, plus
+    // 16 per render for its fixed cost) stays within this budget. The rule depends only on
+    // the messages up to each boundary, so a conversation's next turn computes the same
+    // boundaries for its shared prefix (canonical chunking stays identical).
+    size_t max_boundary_render_cost = 16384;
 };
 
 struct ParsedRequest {
@@ -45,10 +58,15 @@ private:
     void parse_chat(const nlohmann::json& body, ParsedRequest& out) const;
     void parse_completion(const nlohmann::json& body, ParsedRequest& out) const;
 
+    // Rejects prompt text that cannot fit the context without tokenizing it.
+    void check_text_fits(size_t text_bytes, const char* param) const;
+    void check_prompt_fits(size_t n_tokens, const char* param) const;
+
     const runtime::Model& model_;
     const runtime::ChatTemplate& chat_template_;
     std::vector<std::string> model_ids_;
     RequestLimits limits_;
+    size_t max_token_bytes_ = 1;  // longest text any single token stands for
 };
 
 }  // namespace skippy::server

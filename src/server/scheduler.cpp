@@ -36,6 +36,7 @@ struct Scheduler::Slot {
     size_t next_checkpoint = 0;
     bool generating = false;
     bool post_turn = false;  // reply delivered; prefilling the canonical end of the turn
+    size_t turn_start = 0;   // post_turn: length of the prompt that produced the reply
     runtime::Token pending_token = 0;  // sampled, not decoded yet
     int32_t n_sampled = 0;       // tokens sampled, including a final end-of-generation token
     int32_t n_reply_tokens = 0;  // tokens of the reply (reported as completion_tokens)
@@ -144,9 +145,13 @@ void Scheduler::run() {
                 }
             }
             uint32_t free_lanes = options_.lanes - lanes_busy_.load();
-            while (free_lanes > 0 && !incoming_.empty()) {
-                admitted.push_back(std::move(incoming_.front()));
-                incoming_.pop_front();
+            for (auto it = incoming_.begin(); free_lanes > 0 && it != incoming_.end();) {
+                if (continues_post_turn(it->request.prompt)) {
+                    ++it;  // admitted once that lane has recorded the end of its turn
+                    continue;
+                }
+                admitted.push_back(std::move(*it));
+                it = incoming_.erase(it);
                 --free_lanes;
             }
             queued_.store(static_cast<uint32_t>(incoming_.size()));
@@ -305,6 +310,18 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     }
 }
 
+bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) const {
+    for (const auto& slot : slots_) {
+        if (slot->active && slot->post_turn && prompt.size() > slot->turn_start &&
+            std::equal(slot->request.prompt.begin(),
+                       slot->request.prompt.begin() + static_cast<long>(slot->turn_start),
+                       prompt.begin())) {
+            return true;
+        }
+    }
+    return false;
+}
+
 bool Scheduler::start_turn_end(Slot& slot) {
     if (!slot.prompt_info.track_turn_end || !slot.request.render_turn_end) {
         return false;
@@ -341,6 +358,7 @@ bool Scheduler::start_turn_end(Slot& slot) {
     slot.next_checkpoint = 0;
     slot.generating = false;
     slot.post_turn = true;
+    slot.turn_start = static_cast<size_t>(n_start);
     return true;
 }
 

@@ -98,6 +98,8 @@ private:
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void sample_slot(Slot& slot, int32_t batch_index);
     bool start_turn_end(Slot& slot);
+    // True when `prompt` continues a conversation whose lane is still recording its turn.
+    bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
 
     const runtime::Model& model_;
     SchedulerOptions options_;

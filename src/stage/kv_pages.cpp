@@ -11,11 +11,15 @@ namespace skippy::stage {
 
 namespace {
 
-// Bytes of one cell's metadata in a single-sequence export without ext:
-// i32 pos, u32 n_seq_id (= 1), i32 seq_id.
+// Bytes of one cell's metadata in a single-sequence export, without its ext:
+// i32 pos, u32 n_seq_id (= 1), [ext], i32 seq_id.
 constexpr size_t kCellMetaBytes = 12;
+// llama_kv_cell_ext (i32 x, i32 y, i32 tok) at the pinned llama.cpp; written after n_seq_id
+// when the cache has one (M-RoPE models such as qwen35, PLE n-gram models). The section does
+// not say whether it does, so both layouts are tried (see parse_llama_kv).
+constexpr uint32_t kCellExtBytes = 12;
 constexpr size_t kFixedHeaderBytes = 16;               // magic, version, mode, page tokens, fp
-constexpr size_t kPagedFixedBytes = 5 * sizeof(uint32_t);  // n_tokens .. n_v
+constexpr size_t kPagedFixedBytes = 6 * sizeof(uint32_t);  // n_tokens .. ext bytes
 constexpr size_t kLayerDescBytes = 16;                 // i32 type, u32, u64
 
 class Reader {
@@ -72,6 +76,8 @@ struct Entry {
 
 struct ParsedKv {
     uint32_t n_cells = 0;
+    uint32_t ext_bytes = 0;  // per cell; 0 = no ext
+    size_t meta_src = 0;     // offset of the first cell's metadata
     std::vector<uint32_t> cell_of_pos;  // cell index (in the section) holding position p
     bool v_trans = false;
     std::vector<Entry> k;
@@ -80,7 +86,8 @@ struct ParsedKv {
 
 // Parses a llama_kv_cache single-sequence section. nullopt + reason when the layout is not
 // one the codec pages (the caller stores it raw).
-std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, std::string& why) {
+std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, uint32_t ext_bytes,
+                                       std::string& why) {
     Reader r(section);
     ParsedKv kv;
     uint32_t n_stream = 0;
@@ -100,9 +107,11 @@ std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, std::st
         why = "no cells";
         return std::nullopt;
     }
+    kv.ext_bytes = ext_bytes;
+    kv.meta_src = r.offset();
     uint64_t meta_bytes = 0;
-    if (!mul_ok(kv.n_cells, kCellMetaBytes, meta_bytes) || meta_bytes > r.remaining()) {
-        why = "cell metadata does not fit (cells with ext?)";
+    if (!mul_ok(kv.n_cells, kCellMetaBytes + ext_bytes, meta_bytes) || meta_bytes > r.remaining()) {
+        why = "cell metadata does not fit";
         return std::nullopt;
     }
     constexpr uint32_t kUnset = 0xffffffffu;
@@ -112,11 +121,13 @@ std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, std::st
         int32_t pos = 0;
         uint32_t n_seq_id = 0;
         int32_t seq_id = 0;
+        size_t ext_at = 0;
         r.read(pos);
         r.read(n_seq_id);
+        r.skip(ext_bytes, ext_at);
         r.read(seq_id);
         if (n_seq_id != 1) {
-            why = "cell with n_seq_id != 1 (cells with ext?)";
+            why = "cell with n_seq_id != 1";
             return std::nullopt;
         }
         if (i == 0) {
@@ -139,7 +150,7 @@ std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, std::st
         return std::nullopt;
     }
     if (v_trans > 1 || n_layer == 0) {
-        why = "unexpected v_trans/n_layer (cells with ext?)";
+        why = "unexpected v_trans/n_layer";
         return std::nullopt;
     }
     kv.v_trans = v_trans == 1;
@@ -179,6 +190,23 @@ std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, std::st
     return kv;
 }
 
+// Tries the cell layouts without and with ext; exactly one must account for every byte.
+std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, std::string& why) {
+    std::string why_plain;
+    std::string why_ext;
+    auto plain = parse_llama_kv(section, 0, why_plain);
+    auto ext = parse_llama_kv(section, kCellExtBytes, why_ext);
+    if (plain && ext) {
+        why = "ambiguous cell layout (parses with and without cell ext)";
+        return std::nullopt;
+    }
+    if (!plain && !ext) {
+        why = why_plain + " (without cell ext); " + why_ext + " (with cell ext)";
+        return std::nullopt;
+    }
+    return plain ? std::move(plain) : std::move(ext);
+}
+
 // Appends the rows of positions [a, b) (each `row` bytes, cell i at base + i * row).
 void gather_rows(const uint8_t* base, uint64_t row, const std::vector<uint32_t>& cell_of_pos,
                  uint32_t a, uint32_t b, std::vector<uint8_t>& out) {
@@ -194,9 +222,9 @@ void gather_rows(const uint8_t* base, uint64_t row, const std::vector<uint32_t>&
     }
 }
 
-uint64_t bytes_per_token(const std::vector<Entry>& k, const std::vector<Entry>& v,
-                         bool v_trans, bool& ok) {
-    uint64_t total = 0;
+uint64_t bytes_per_token(uint32_t ext_bytes, const std::vector<Entry>& k,
+                         const std::vector<Entry>& v, bool v_trans, bool& ok) {
+    uint64_t total = ext_bytes;
     ok = true;
     for (const Entry& e : k) {
         ok = ok && add_ok(total, e.size, total);
@@ -297,7 +325,7 @@ std::optional<Header> read_header(std::span<const uint8_t> section, std::string&
     }
     uint32_t v_trans = 0;
     if (!r.read(info.n_tokens) || !r.read(info.n_pages) || !r.read(v_trans) ||
-        !r.read(info.n_k_layers) || !r.read(info.n_v_entries)) {
+        !r.read(info.n_k_layers) || !r.read(info.n_v_entries) || !r.read(info.cell_ext_bytes)) {
         why = "kv pages: truncated paged header";
         return std::nullopt;
     }
@@ -315,6 +343,11 @@ std::optional<Header> read_header(std::span<const uint8_t> section, std::string&
         return std::nullopt;
     }
     info.v_trans = v_trans == 1;
+    if (info.cell_ext_bytes != 0 && info.cell_ext_bytes != kCellExtBytes) {
+        why = "kv pages: cell ext of " + std::to_string(info.cell_ext_bytes) +
+              " bytes (this build: " + std::to_string(kCellExtBytes) + ")";
+        return std::nullopt;
+    }
     if (info.n_k_layers == 0 || info.n_v_entries > info.n_k_layers) {
         why = "kv pages: bad layer counts";
         return std::nullopt;
@@ -339,7 +372,7 @@ std::optional<Header> read_header(std::span<const uint8_t> section, std::string&
     }
     info.header_bytes = r.offset();
     bool ok = true;
-    info.bytes_per_token = bytes_per_token(h.k, h.v, info.v_trans, ok);
+    info.bytes_per_token = bytes_per_token(info.cell_ext_bytes, h.k, h.v, info.v_trans, ok);
     uint64_t page_bytes = 0;
     if (!ok || !mul_ok(info.bytes_per_token, info.n_tokens, page_bytes)) {
         why = "kv pages: sizes overflow";
@@ -400,7 +433,7 @@ EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_to
     out.mode = KvPagesMode::Paged;
     const uint32_t n_pages = pages_for(n_tokens);
     bool ok = true;
-    const uint64_t per_token = bytes_per_token(kv->k, kv->v, kv->v_trans, ok);
+    const uint64_t per_token = bytes_per_token(kv->ext_bytes, kv->k, kv->v, kv->v_trans, ok);
     out.bytes.reserve(kFixedHeaderBytes + kPagedFixedBytes +
                       (kv->k.size() + kv->v.size()) * kLayerDescBytes + per_token * n_tokens);
     put_fixed_header(w, out.mode);
@@ -409,6 +442,7 @@ EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_to
     w.put(static_cast<uint32_t>(kv->v_trans ? 1 : 0));
     w.put(static_cast<uint32_t>(kv->k.size()));
     w.put(static_cast<uint32_t>(kv->v.size()));
+    w.put(kv->ext_bytes);
     for (const Entry& e : kv->k) {
         w.put(e.type);
         w.put(uint32_t{0});
@@ -424,6 +458,11 @@ EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_to
     for (uint32_t page = 0; page < n_pages; ++page) {
         const uint32_t a = page * kKvPageTokens;
         const uint32_t b = std::min(n_tokens, a + kKvPageTokens);
+        const size_t meta_stride = kCellMetaBytes + kv->ext_bytes;
+        for (uint32_t p = a; p < b && kv->ext_bytes > 0; ++p) {
+            const uint8_t* ext = src + kv->meta_src + kv->cell_of_pos[p] * meta_stride + 8;
+            out.bytes.insert(out.bytes.end(), ext, ext + kv->ext_bytes);
+        }
         for (const Entry& e : kv->k) {
             gather_rows(src + e.src, e.size, kv->cell_of_pos, a, b, out.bytes);
         }
@@ -486,7 +525,10 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
     const uint8_t* pages = section.data() + info.header_bytes;
     // Output layout (llama_kv_cache::state_write for one sequence, cells in pos order).
     const size_t base = out.size();
-    size_t size = 2 * sizeof(uint32_t) + static_cast<size_t>(n) * kCellMetaBytes +
+    const size_t ext = info.cell_ext_bytes;
+    const size_t meta_at = base + 2 * sizeof(uint32_t);  // first cell's metadata
+    const size_t meta_stride = kCellMetaBytes + ext;
+    size_t size = 2 * sizeof(uint32_t) + static_cast<size_t>(n) * meta_stride +
                   2 * sizeof(uint32_t);
     std::vector<size_t> k_at;  // offset (in out) of each K layer's first row
     std::vector<size_t> v_at;
@@ -512,6 +554,7 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
     for (uint32_t p = 0; p < n; ++p) {
         put(static_cast<int32_t>(p));
         put(uint32_t{1});
+        o += ext;  // filled from the pages below
         put(cell_seq_id);
     }
     put(static_cast<uint32_t>(info.v_trans ? 1 : 0));
@@ -537,6 +580,10 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
     for (uint32_t page = 0; page < info.n_pages; ++page) {
         const uint32_t a = page * kKvPageTokens;
         const uint32_t t = std::min(n, a + kKvPageTokens) - a;
+        for (uint32_t i = 0; i < t && ext > 0; ++i) {
+            std::memcpy(dst + meta_at + (a + i) * meta_stride + 8, src, ext);
+            src += ext;
+        }
         for (size_t l = 0; l < h->k.size(); ++l) {
             const size_t bytes = static_cast<size_t>(h->k[l].size) * t;
             std::memcpy(dst + k_at[l] + static_cast<size_t>(h->k[l].size) * a, src, bytes);

@@ -13,7 +13,8 @@
 //
 //   u32 n_stream
 //   per stream: u32 cell_count; if cell_count > 0:
-//     per cell:  i32 pos, u32 n_seq_id, [llama_kv_cell_ext if the cache has one], i32 seq_id...
+//     per cell:  i32 pos, u32 n_seq_id, [llama_kv_cell_ext {i32 x, y, tok} if the cache has
+//                one: M-RoPE models such as qwen35, PLE], i32 seq_id...
 //     u32 v_trans, u32 n_layer
 //     per layer:          i32 k_type, u64 k_row_size, cell_count K rows
 //     per layer with V:   !v_trans: i32 v_type, u64 v_row_size, cell_count V rows
@@ -27,12 +28,14 @@
 //            u64 llama.cpp state format fingerprint (XXH3 of runtime::runtime_version()).
 //   Empty:   nothing else (the memory wrote no attention state, e.g. mamba2).
 //   Raw:     u64 size, then the llama.cpp attention section unchanged (layouts the codec
-//            does not page: several streams, cells with ext, SWA-masked or non-0..n-1
-//            positions).
-//   Paged:   u32 n_tokens, u32 n_pages, u32 v_trans, u32 n_k, u32 n_v,
+//            does not page: several streams, SWA-masked or non-0..n-1 positions, cells of
+//            several sequences, a cell layout that parses both with and without ext).
+//   Paged:   u32 n_tokens, u32 n_pages, u32 v_trans, u32 n_k, u32 n_v, u32 cell ext bytes
+//            (0 or 12),
 //            n_k x {i32 type, u32 0, u64 row size},
 //            n_v x {i32 type, u32 n_embd_v_gqa (v_trans) or 0, u64 el size (v_trans) or row size},
 //            then n_pages pages; page i holds tokens [64i, min(64(i+1), n_tokens)):
+//              the cell ext of those tokens (pos order), if any
 //              per K layer: the K rows of those tokens (pos order)
 //              per V entry: !v_trans: the V rows of those tokens
 //                            v_trans: per embedding dim, the elements of those tokens
@@ -41,9 +44,13 @@
 // the source sequence id, the cell indices or the prefix length, so equal KV values give
 // byte-identical pages. Cuts are returned after the header and after every page.
 //
+// The section does not say whether cells carry an ext; the encoder tries both layouts and
+// pages only when exactly one accounts for every byte.
+//
 // Decoding rebuilds the llama.cpp attention section that llama_kv_cache::state_read()
 // accepts for a single destination sequence: one stream, the cells in pos order, each with
-// n_seq_id = 1 and seq id `cell_seq_id` (the reader discards it and uses its destination).
+// n_seq_id = 1 (the reader requires it), its ext, and seq id `cell_seq_id` (the reader
+// discards it and uses its destination).
 // For a sequence exported from lane L with its cells in pos order, decoding with
 // cell_seq_id = L reproduces the exported bytes exactly.
 #pragma once
@@ -85,6 +92,7 @@ struct KvPagesInfo {
     bool v_trans = false;
     uint32_t n_k_layers = 0;
     uint32_t n_v_entries = 0;
+    uint32_t cell_ext_bytes = 0;   // llama_kv_cell_ext per token (M-RoPE / PLE models), or 0
     uint64_t bytes_per_token = 0;  // page bytes per token (all layers, K and V)
     // Raw only:
     uint64_t raw_bytes = 0;

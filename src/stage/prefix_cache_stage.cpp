@@ -190,7 +190,40 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
     const auto t0 = Clock::now();
     const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
     std::optional<cache::ExactHit> hit = exact_->acquire_longest(ns, query);
+    // A just-recorded state the worker has not inserted yet may be longer than the hit.
+    const RecentRecord* recent = nullptr;
+    for (auto it = recent_records_.begin(); it != recent_records_.end();) {
+        if (exact_->try_contains(it->ns, it->tokens, it->page) == cache::Presence::Present) {
+            it = recent_records_.erase(it);
+            continue;
+        }
+        const size_t n = it->tokens.size();
+        if (it->ns == ns && n <= query.size() && n >= policy_.min_tokens &&
+            n > (hit ? hit->len : 0) && (recent == nullptr || n > recent->tokens.size()) &&
+            std::equal(it->tokens.begin(), it->tokens.end(), query.begin())) {
+            recent = &*it;
+        }
+        ++it;
+    }
     event.lookup_ms = ms_since(t0);
+    if (recent != nullptr) {
+        hit.reset();
+        event.page_id = recent->page.str();
+        event.bytes = recent->bytes.size();
+        std::string reason;
+        const auto t1 = Clock::now();
+        if (import_payload(context, lane, recent->bytes, recent->descriptor,
+                           recent->tokens.size(), reason)) {
+            event.import_ms = ms_since(t1);
+            event.decision = "exact_hit";
+            event.reason = "recent record (queued, not yet inserted)";
+            return RestoreResult{static_cast<int32_t>(recent->tokens.size()), "exact_hit"};
+        }
+        // Our own fresh export failed to import: drop it and use the cache instead.
+        context.seq_clear(lane);
+        std::erase_if(recent_records_, [&](const RecentRecord& r) { return &r == recent; });
+        hit = exact_->acquire_longest(ns, query);
+    }
     if (!hit || hit->len < policy_.min_tokens) {
         event.decision = "miss";
         return {};
@@ -218,22 +251,35 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
         return quarantine(std::string("reconstruct failed: ") + cache::to_string(bytes.error));
     }
     std::string reason;
-    const auto blob = decode_payload(bytes.bytes.span(), hit->descriptor,
-                                     static_cast<uint32_t>(hit->len), layout_, &reason);
-    if (!blob) {
-        return quarantine(reason);
-    }
     const auto t2 = Clock::now();
-    const bool imported = context.state_import(*blob, lane, runtime::StateScope::Full);
+    const bool imported =
+        import_payload(context, lane, bytes.bytes.span(), hit->descriptor, hit->len, reason);
     event.import_ms = ms_since(t2);
     if (!imported) {
-        return quarantine("state import failed");
-    }
-    if (context.seq_pos_max(lane) != static_cast<Pos>(hit->len) - 1) {
-        return quarantine("imported state has the wrong length");
+        return quarantine(reason);
     }
     event.decision = "exact_hit";
     return RestoreResult{static_cast<int32_t>(hit->len), "exact_hit"};
+}
+
+bool PrefixCacheStage::import_payload(runtime::InferenceContext& context, SeqId lane,
+                                      std::span<const uint8_t> bytes,
+                                      const cache::PayloadDescriptor& descriptor,
+                                      size_t n_tokens, std::string& reason) {
+    const auto blob =
+        decode_payload(bytes, descriptor, static_cast<uint32_t>(n_tokens), layout_, &reason);
+    if (!blob) {
+        return false;
+    }
+    if (!context.state_import(*blob, lane, runtime::StateScope::Full)) {
+        reason = "state import failed";
+        return false;
+    }
+    if (context.seq_pos_max(lane) != static_cast<Pos>(n_tokens) - 1) {
+        reason = "imported state has the wrong length";
+        return false;
+    }
+    return true;
 }
 
 std::vector<int32_t> PrefixCacheStage::checkpoint_positions(const PromptInfo& prompt,
@@ -299,6 +345,8 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
     }
     event.export_ms = ms_since(t0);
     event.bytes = encoded.bytes.size();
+    RecentRecord recent{ns, std::vector<Token>(tokens.begin(), tokens.end()), page,
+                        encoded.descriptor, encoded.bytes};
     cache::ExactRecordPayload payload{ns,
                                       std::vector<Token>(tokens.begin(), tokens.end()),
                                       page,
@@ -327,6 +375,13 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
         });
     const cache::Admission admission = queue_->submit(std::move(job));
     event.decision = admission == cache::Admission::Queued ? "queued" : "dropped_full";
+    if (admission == cache::Admission::Queued) {
+        recent_records_.push_back(std::move(recent));
+        const size_t cap = std::max<size_t>(4, 2 * static_cast<size_t>(n_lanes_));
+        while (recent_records_.size() > cap) {
+            recent_records_.pop_front();
+        }
+    }
     telemetry_->record(event);
 }
 

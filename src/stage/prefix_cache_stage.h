@@ -16,6 +16,7 @@
 // before exporting, so it never waits for the record worker.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -95,6 +96,20 @@ private:
     std::unique_ptr<cache::ResidentCache> resident_;
     std::vector<int32_t> lane_shared_tokens_;  // per lane: cells shared with a resident entry
     std::vector<std::vector<uint8_t>> turn_start_state_;  // per lane: state at the prompt end
+    // Records handed to the queue but maybe not inserted yet, so that the very next request
+    // of a conversation (an agent's immediate follow-up) can restore them already.
+    // Scheduler thread only; bounded; entries leave once the cache holds them.
+    struct RecentRecord {
+        cache::NamespaceId ns;
+        std::vector<Token> tokens;
+        cache::PageId page;
+        cache::PayloadDescriptor descriptor;
+        std::vector<uint8_t> bytes;
+    };
+    std::deque<RecentRecord> recent_records_;
+    bool import_payload(runtime::InferenceContext& context, SeqId lane,
+                        std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
+                        size_t n_tokens, std::string& reason);
     std::unique_ptr<CacheTelemetry> telemetry_;
 };
 
