@@ -21,8 +21,9 @@ struct RequestLimits {
     size_t max_messages = 4096;
     // GBNF grammars: llama.cpp's grammar parser recurses once per nested group and once
     // per rule in a reference chain, on the scheduler thread; deeper input overflows its
-    // stack and kills the process.
-    size_t max_grammar_bytes = 256 * 1024;
+    // stack and kills the process. Sampling cost grows with the grammar (it runs on the
+    // scheduler thread), hence the size bound.
+    size_t max_grammar_bytes = 32 * 1024;
     size_t max_grammar_depth = 128;
     size_t max_grammar_rules = 2048;
     // Structural record positions (message_boundaries) cost one chat-template render per

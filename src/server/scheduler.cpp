@@ -36,7 +36,6 @@ struct Scheduler::Slot {
     size_t next_checkpoint = 0;
     bool generating = false;
     bool post_turn = false;  // reply delivered; prefilling the canonical end of the turn
-    size_t turn_start = 0;   // post_turn: length of the prompt that produced the reply
     runtime::Token pending_token = 0;  // sampled, not decoded yet
     int32_t n_sampled = 0;       // tokens sampled, including a final end-of-generation token
     int32_t n_reply_tokens = 0;  // tokens of the reply (reported as completion_tokens)
@@ -312,10 +311,11 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
 
 bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) const {
     for (const auto& slot : slots_) {
-        if (slot->active && slot->post_turn && prompt.size() > slot->turn_start &&
-            std::equal(slot->request.prompt.begin(),
-                       slot->request.prompt.begin() + static_cast<long>(slot->turn_start),
-                       prompt.begin())) {
+        // Waiting pays off only when the new prompt extends the turn being recorded (the
+        // client sent the reply back unchanged).
+        const auto& turn = slot->request.prompt;
+        if (slot->active && slot->post_turn && prompt.size() > turn.size() &&
+            std::equal(turn.begin(), turn.end(), prompt.begin())) {
             return true;
         }
     }
@@ -358,7 +358,6 @@ bool Scheduler::start_turn_end(Slot& slot) {
     slot.next_checkpoint = 0;
     slot.generating = false;
     slot.post_turn = true;
-    slot.turn_start = static_cast<size_t>(n_start);
     return true;
 }
 

@@ -124,7 +124,7 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
         ->envname("SKIPPY_CACHE_RESIDENT_ENTRIES")
         ->capture_default_str();
     app.add_option("--cache-resident-tokens", cache.resident_token_budget,
-                   "resident token budget (0 = half the context)")
+                   "resident token budget (0 = the context size)")
         ->envname("SKIPPY_CACHE_RESIDENT_TOKENS")
         ->capture_default_str();
     app.add_option("--cache-min-tokens", cache.min_tokens, "shortest cached prefix")

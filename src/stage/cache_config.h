@@ -16,7 +16,7 @@ struct CacheConfig {
     uint32_t max_entries = 256;                  // exact-state entries
     uint64_t max_bytes = 2ull << 30;             // exact-state physical bytes
     uint32_t resident_max_entries = 8;           // spare KV sequences for resident prefixes
-    uint32_t resident_token_budget = 0;          // 0 = half the context
+    uint32_t resident_token_budget = 0;          // 0 = the context size (cells are shared)
     uint32_t min_tokens = 64;
     uint32_t stride = 128;
     uint32_t record_limit = 6;

@@ -94,7 +94,7 @@ void PrefixCacheStage::attach(runtime::InferenceContext& context, SeqId first_sp
         }
         options.max_entries = config_.resident_max_entries;
         options.token_budget =
-            config_.resident_token_budget > 0 ? config_.resident_token_budget : n_ctx_ / 2;
+            config_.resident_token_budget > 0 ? config_.resident_token_budget : n_ctx_;
         resident_ = std::make_unique<cache::ResidentCache>(options);
     }
 }

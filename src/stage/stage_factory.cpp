@@ -68,7 +68,7 @@ StageSelection make_stage(const CacheConfig& config, const runtime::Model& model
         summary += " resident_entries=" + std::to_string(config.resident_max_entries) +
                    " resident_tokens=" +
                    (config.resident_token_budget ? std::to_string(config.resident_token_budget)
-                                                 : std::string("ctx/2"));
+                                                 : std::string("ctx"));
     } else {
         summary += " max_entries=" + std::to_string(config.max_entries) +
                    " max_bytes=" + std::to_string(config.max_bytes) +

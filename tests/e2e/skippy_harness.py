@@ -12,6 +12,9 @@ import urllib.request
 
 SKIPPY = os.environ.get("SKIPPY_BIN", "")
 MODELS_DIR = os.environ.get("SKIPPY_TEST_MODELS", "")
+# One compute thread per server: ctest runs tests in parallel on a small machine, and
+# ggml's spinning thread barriers slow down badly when cores are oversubscribed.
+THREADS = os.environ.get("SKIPPY_TEST_THREADS", "1")
 
 # Small generated models shared by the end-to-end tests (made once by the ctest fixture).
 MODEL_SPECS = {
@@ -41,7 +44,7 @@ class Server:
 
     def __init__(self, model, *extra_args, env=None):
         args = [SKIPPY, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
-                "--threads", "2"] + list(extra_args)
+                "--threads", THREADS] + list(extra_args)
         self.log_lines = []
         full_env = dict(os.environ)
         full_env.update(env or {})

@@ -27,7 +27,7 @@ function ensureModel() {
 
 before(async () => {
   const model = ensureModel();
-  server = spawn(skippy, ["serve", "--model", model, "--port", "0", "--threads", "2",
+  server = spawn(skippy, ["serve", "--model", model, "--port", "0", "--threads", process.env.SKIPPY_TEST_THREADS ?? "1",
     "--api-key", "test-secret"], { stdio: ["ignore", "ignore", "pipe"] });
   const port = await new Promise((resolve, reject) => {
     let log = "";

@@ -73,7 +73,7 @@ protected:
         options.n_ctx = 512;
         options.n_seq_max = 3;
         options.n_batch = 128;
-        options.n_threads = 2;
+        options.n_threads = 1;
         ctx_ = std::make_unique<InferenceContext>(*model_, options);
         prompt_ = model_->tokenize("The quick brown fox jumps over the lazy dog again", true, true);
         ASSERT_GT(prompt_.size(), 8u);

@@ -72,7 +72,7 @@ SchedulerOptions options() {
     SchedulerOptions o;
     o.lanes = 2;
     o.context.n_ctx = 1024;
-    o.context.n_threads = 2;
+    o.context.n_threads = 1;
     o.context.n_batch = 256;
     o.recurrent_split_stride = 32;
     return o;
