@@ -1,0 +1,1 @@
+"""skippy benchmark harness library (see bench/README.md)."""

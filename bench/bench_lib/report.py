@@ -1,0 +1,299 @@
+"""Results output: the JSON file and the Markdown report (the PNGs are drawn by plots.py)."""
+import json
+
+from . import stats
+
+RATIO_NOTE = ("Ratios are skippy / llama-server (for the cold path also skippy / skippy-off): "
+              "below 1.00 skippy is faster, above 1.00 slower.")
+
+CACHE_METRICS = ("skippy_cache_physical_bytes", "skippy_cache_logical_bytes",
+                 "skippy_cache_resident_entries")
+
+
+def write_json(results, path):
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, sort_keys=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _ms(v):
+    return "–" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}")
+
+
+def _x(v):
+    return "–" if v is None else f"{v:.2f}"
+
+
+def _n(v):
+    return "–" if v is None else f"{v:.0f}"
+
+
+def _table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _workload(model, name):
+    return model.get("workloads", {}).get(name)
+
+
+def overview_records(workload_name, records):
+    """Records that represent a workload in the overview (family: warm hits only)."""
+    if workload_name == "family":
+        return [r for r in records if r.get("phase") == "warm"]
+    return records
+
+
+def overview(model_result):
+    """{workload: {variant: summary}} over all records of the workload."""
+    out = {}
+    for name, w in model_result.get("workloads", {}).items():
+        by_variant = {}
+        for run in w["runs"]:
+            by_variant.setdefault(run["variant"], []).extend(overview_records(name, run["records"]))
+        out[name] = {v: stats.summarize(rs) for v, rs in by_variant.items()}
+    return out
+
+
+def markdown(results, plots):
+    meta = results["meta"]
+    out = [f"# skippy benchmark ({meta['mode']})\n",
+           f"Run {meta['started']}, {meta['duration_s'] / 60:.1f} min. {meta['machine']}. "
+           f"Servers started one at a time, `--threads {meta['threads']}`, "
+           f"{meta['rounds']} rounds per workload in ABAB order (a fresh server per run), "
+           f"ctx {meta['ctx']} KV cells, greedy (temperature 0), streaming; TTFT is measured "
+           f"by the client at the first chunk carrying generated text.\n",
+           f"- skippy: `{meta['skippy']}` ({meta['skippy_note']})",
+           f"- llama-server: `{meta['llama_server']}` ({meta['llama_version']})",
+           f"- repo: {meta['git']}",
+           f"- command: `{meta['command']}`\n",
+           RATIO_NOTE + "\n"]
+    if results.get("errors"):
+        out.append("**Errors during the run:**\n")
+        out += [f"- {e}" for e in results["errors"]]
+        out.append("")
+    if results.get("warnings"):
+        out.append("**Warnings:**\n")
+        out += [f"- {e}" for e in results["warnings"]]
+        out.append("\nA rejected output: llama-server's chat parser answers an error instead of "
+                   "the first token when a random-weight model's output starts with an orphan "
+                   "UTF-8 byte. The error arrives when the first token is ready, so these "
+                   "requests count for TTFT only (column rej).\n")
+
+    out.append("## Models\n")
+    out.append(_table(["model", "family", "params", "make-model command"],
+                      [[name, m["family"], m.get("params") or "–", f"`{m['command']}`"]
+                       for name, m in results["models"].items()]))
+
+    out.append("## Output check (greedy: same prompt, same text)\n")
+    rows = []
+    for name, m in results["models"].items():
+        for wname, w in m.get("workloads", {}).items():
+            check = w["output_check"]
+            kinds = {}
+            for mm in check["mismatches"]:
+                for k in mm["kinds"]:
+                    kinds[k] = kinds.get(k, 0) + 1
+            rows.append([name, wname, check["keys"], len(check["mismatches"]),
+                         ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) or "–"])
+    out.append(_table(["model", "workload", "prompts compared", "mismatched", "kinds"], rows))
+    out.append(f"Total mismatched prompts: {results['mismatch_count']}. skippy-vs-llama: the "
+               "two servers produced different text; skippy-internal: skippy disagreed with "
+               "itself across rounds or cache modes (the cache must never change output). "
+               "Mismatches in chat and agent cascade: a different reply changes every later "
+               "prompt of that conversation.\n")
+
+    out.append("## Overview (all workloads)\n")
+    out.append("Family table rows use warm hits only. gen tok/s is per request "
+               "(tokens after the first / time after the first token). server TTFT is what "
+               "the server reports (skippy: `skippy.ttft_ms`; llama-server: `timings.prompt_ms`, "
+               "prompt processing only); client − server is the median per-request difference "
+               "(HTTP, JSON, SSE, and for llama-server sampling the first token).\n")
+    rows = []
+    for name, m in results["models"].items():
+        ov = overview(m)
+        for wname, by_variant in ov.items():
+            base = by_variant.get("llama-server", {})
+            for variant, s in by_variant.items():
+                rows.append([name, wname, variant, s["n"], s["errors"], s["rejected_outputs"],
+                             _ms(s["ttft_p50_ms"]),
+                             _ms(s["ttft_p90_ms"]), _ms(s["e2e_p50_ms"]), _ms(s["e2e_p90_ms"]),
+                             _n(s["gen_tps_p50"]), _n(s["cached_tokens_mean"]),
+                             _ms(s["server_ttft_p50_ms"]), _ms(s["client_overhead_p50_ms"]),
+                             _x(stats.ratio(s["ttft_p50_ms"], base.get("ttft_p50_ms"))),
+                             _x(stats.ratio(s["e2e_p50_ms"], base.get("e2e_p50_ms")))])
+    out.append(_table(["model", "workload", "server", "n", "err", "rej", "TTFT p50 ms", "TTFT p90",
+                       "E2E p50 ms", "E2E p90", "gen tok/s", "cached tok/req",
+                       "server TTFT p50", "client − server", "TTFT ratio", "E2E ratio"], rows))
+
+    out += _family_section(results, plots)
+    out += _turns_section(results, plots, "chat", "2. Multi-turn chat")
+    out += _turns_section(results, plots, "agent", "3. Agent loop")
+    out += _concurrency_section(results)
+    out += _cold_section(results)
+    out += _cache_metrics_section(results)
+    return "\n".join(out) + "\n"
+
+
+def _family_section(results, plots):
+    out = ["## 1. Family table\n",
+           "Prefix of P tokens sent before, then P + 1 new last token, 1 generated token; "
+           "lanes=1 / --parallel 1. Warm = every request after the first with that prefix.\n"]
+    rows = []
+    for name, m in results["models"].items():
+        w = _workload(m, "family")
+        if not w:
+            continue
+        g = w["summary"]["by_group"]
+        s, l = g.get("skippy", {}), g.get("llama-server", {})
+        for p in w["summary"]["prefixes"]:
+            sw, lw = s.get(f"{p}/warm", {}), l.get(f"{p}/warm", {})
+            sc, lc = s.get(f"{p}/cold", {}), l.get(f"{p}/cold", {})
+            rows.append([name, m["family"], p, sw.get("n", 0), _ms(sw.get("ttft_p50_ms")),
+                         _ms(lw.get("ttft_p50_ms")),
+                         _x(stats.ratio(sw.get("ttft_p50_ms"), lw.get("ttft_p50_ms"))),
+                         _ms(sw.get("ttft_p90_ms")), _ms(lw.get("ttft_p90_ms")),
+                         _ms(sc.get("ttft_p50_ms")), _ms(lc.get("ttft_p50_ms")),
+                         f"{_n(sw.get('cached_tokens_mean'))} / {_n(lw.get('cached_tokens_mean'))}",
+                         _decisions(sw)])
+    out.append(_table(["model", "family", "prefix", "n warm", "skippy warm TTFT p50 ms",
+                       "llama warm p50", "ratio", "skippy p90", "llama p90", "skippy cold",
+                       "llama cold", "cached tok/req s / l", "skippy cache decisions"], rows))
+    if plots.get("family"):
+        out.append(f"![family ratios]({plots['family']})\n")
+    return out
+
+
+def _decisions(summary):
+    d = summary.get("cache_decisions") or {}
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "–"
+
+
+def turn_series(workload, variant):
+    """[(turn, ttft_p50, prompt_tokens_mean, cached_mean, n)] sorted by turn."""
+    g = workload["summary"]["by_group"].get(variant, {})
+    rows = []
+    for turn, s in g.items():
+        rows.append((int(turn), s["ttft_p50_ms"], s["prompt_tokens_mean"],
+                     s["cached_tokens_mean"], s["n"]))
+    return sorted(rows)
+
+
+def _turns_section(results, plots, name, heading):
+    out = [f"## {heading}\n"]
+    if name == "chat":
+        out.append("Interleaved conversations sharing one system prompt; TTFT median per turn "
+                   "over conversations and rounds.\n")
+    else:
+        out.append("One growing context; each turn appends the reply and a tool result. "
+                   "TTFT median per turn over rounds.\n")
+    for mname, m in results["models"].items():
+        w = _workload(m, name)
+        if not w:
+            continue
+        s = {t: (ttft, pt, c, n) for t, ttft, pt, c, n in turn_series(w, "skippy")}
+        l = {t: (ttft, pt, c, n) for t, ttft, pt, c, n in turn_series(w, "llama-server")}
+        rows = []
+        for t in sorted(set(s) | set(l)):
+            st, lt = s.get(t, (None,) * 4), l.get(t, (None,) * 4)
+            rows.append([t, _n(st[1] if st[1] is not None else lt[1]), _ms(st[0]), _ms(lt[0]),
+                         _x(stats.ratio(st[0], lt[0])), _n(st[2]), _n(lt[2])])
+        out.append(f"**{mname}** ({m['family']})\n")
+        out.append(_table(["turn", "prompt tokens", "skippy TTFT p50 ms", "llama TTFT p50 ms",
+                           "ratio", "skippy cached", "llama cached"], rows))
+    if plots.get(name):
+        out.append(f"![{name} TTFT per turn]({plots[name]})\n")
+    return out
+
+
+def _concurrency_section(results):
+    out = ["## 4. Concurrency\n",
+           "Concurrent clients sending mixed prompts (half share one of two prefixes); "
+           "throughput = generated tokens / wall time of the run (median over rounds).\n"]
+    rows = []
+    for name, m in results["models"].items():
+        w = _workload(m, "concurrency")
+        if not w:
+            continue
+        g = w["summary"]["by_group"]
+        base = g.get("llama-server", {}).get("all", {})
+        for variant, groups in g.items():
+            a = groups.get("all", {})
+            rows.append([name, variant, a.get("n", 0), _n(a.get("throughput_gen_tps")),
+                         _n(a.get("throughput_prompt_tps")), _ms(a.get("ttft_p50_ms")),
+                         _ms(a.get("ttft_p99_ms")), _ms(a.get("e2e_p50_ms")),
+                         _ms(a.get("e2e_p90_ms")), _n(a.get("cached_tokens_mean")),
+                         _x(stats.ratio(a.get("throughput_gen_tps"), base.get("throughput_gen_tps"))),
+                         _x(stats.ratio(a.get("ttft_p50_ms"), base.get("ttft_p50_ms"))),
+                         _x(stats.ratio(a.get("ttft_p99_ms"), base.get("ttft_p99_ms")))])
+    out.append(_table(["model", "server", "n", "gen tok/s", "prompt tok/s", "TTFT p50 ms",
+                       "TTFT p99", "E2E p50", "E2E p90", "cached tok/req",
+                       "throughput ratio", "TTFT p50 ratio", "TTFT p99 ratio"], rows))
+    out.append("The throughput ratio is skippy / llama-server too, but here above 1.00 is "
+               "better for skippy.\n")
+    return out
+
+
+def _cold_section(results):
+    out = ["## 5. Cold path\n",
+           "Unique prompts only: nothing can hit, so this is what lookup + recording cost. "
+           "`skippy` runs --cache-mode lookup-record, `skippy-off` --cache-mode off.\n"]
+    rows = []
+    for name, m in results["models"].items():
+        w = _workload(m, "cold")
+        if not w:
+            continue
+        g = w["summary"]["by_group"]
+        off = g.get("skippy-off", {}).get("unique", {})
+        llama = g.get("llama-server", {}).get("unique", {})
+        for variant, groups in g.items():
+            s = groups.get("unique", {})
+            rows.append([name, variant, s.get("n", 0), _ms(s.get("ttft_p50_ms")),
+                         _ms(s.get("ttft_p90_ms")), _ms(s.get("e2e_p50_ms")),
+                         _ms(s.get("e2e_p90_ms")), _n(s.get("gen_tps_p50")),
+                         _x(stats.ratio(s.get("ttft_p50_ms"), off.get("ttft_p50_ms"))),
+                         _x(stats.ratio(s.get("ttft_p50_ms"), llama.get("ttft_p50_ms")))])
+    out.append(_table(["model", "server", "n", "TTFT p50 ms", "TTFT p90", "E2E p50", "E2E p90",
+                       "gen tok/s", "TTFT / skippy-off", "TTFT / llama-server"], rows))
+    return out
+
+
+def _cache_metrics_section(results):
+    out = ["## skippy cache metrics\n",
+           "From skippy's /metrics at the end of each run (last round shown). "
+           "Byte metrics appear once the cache reports them.\n"]
+    rows = []
+    seen_any_bytes = False
+    for name, m in results["models"].items():
+        for wname, w in m.get("workloads", {}).items():
+            last = {}
+            for run in w["runs"]:
+                if run["variant"].startswith("skippy") and run.get("metrics"):
+                    last[run["variant"]] = run["metrics"]
+            for variant, metrics in last.items():
+                present = {k: v for k, v in metrics.items() if k in CACHE_METRICS}
+                seen_any_bytes |= bool(present)
+                cells = [_bytes(metrics.get(k)) if "bytes" in k else _n(metrics.get(k))
+                         for k in CACHE_METRICS]
+                rows.append([name, wname, variant] + cells +
+                            [_n(metrics.get("skippy_cached_tokens_total")),
+                             _n(metrics.get("skippy_prompt_tokens_total"))])
+    out.append(_table(["model", "workload", "server", "physical", "logical", "resident entries",
+                       "cached tokens total", "prompt tokens total"], rows))
+    if not seen_any_bytes:
+        out.append("skippy reported no cache byte metrics in this run.\n")
+    return out
+
+
+def _bytes(v):
+    if v is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024.0
+    return str(v)

@@ -1,0 +1,462 @@
+"""The five workloads, and the runner that measures each on alternating servers (ABAB...).
+
+A workload builds its prompts once (deterministically), then `run_once` is called on a fresh
+server for every (round, variant): round 0 skippy, round 0 llama-server, round 1 skippy, ...
+Each run returns request records: dicts with the client-side timings and what the server
+reported (see servers.Timed), plus a stable `key` that names the same prompt on every server
+(used by the output check) and a `group` the summary aggregates over.
+"""
+import dataclasses
+import random
+import threading
+import time
+
+from . import prompts, servers, stats
+from .servers import Variant
+
+
+class Deadline:
+    def __init__(self, seconds):
+        self.end = time.monotonic() + seconds
+
+    def remaining(self):
+        return self.end - time.monotonic()
+
+    def expired(self):
+        return self.remaining() <= 0
+
+
+class Client:
+    """Greedy streaming requests against one server; identical bodies for both servers."""
+
+    def __init__(self, port, request_timeout, deadline, native=False, ignore_eos=False):
+        self.port = port
+        self.request_timeout = request_timeout
+        self.deadline = deadline
+        self.native = native  # llama-server's /completion instead of the OpenAI endpoints
+        self.ignore_eos = ignore_eos
+
+    def _timeout(self):
+        # Never wait far past the run's deadline, but always give a started request a chance.
+        return max(5.0, min(self.request_timeout, self.deadline.remaining() + 30.0))
+
+    def _body(self, max_tokens, **prompt):
+        body = {"temperature": 0.0, "seed": 1234, "cache_prompt": True}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        body["n_predict" if self.native else "max_tokens"] = max_tokens
+        body.update(prompt)
+        return body
+
+    def completion(self, prompt_ids, max_tokens):
+        path = "/completion" if self.native else "/v1/completions"
+        body = self._body(max_tokens, prompt=list(prompt_ids))
+        return servers.stream_request(self.port, path, body, self._timeout())
+
+    def chat(self, messages, max_tokens):
+        if self.native:  # the harness renders the model's ChatML template (same tokens)
+            body = self._body(max_tokens, prompt=prompts.render_chatml(messages))
+            return servers.stream_request(self.port, "/completion", body, self._timeout())
+        body = self._body(max_tokens, messages=messages)
+        return servers.stream_request(self.port, "/v1/chat/completions", body, self._timeout())
+
+
+def record(timed, **fields):
+    out = dataclasses.asdict(timed)
+    out.update(fields)
+    return out
+
+
+def skippy_and_llama(lanes):
+    return [Variant("skippy", "skippy", lanes), Variant("llama-server", "llama", lanes)]
+
+
+def summarize_groups(runs, group_key=lambda r: r["group"]):
+    """{variant: {group: summary}} over all rounds."""
+    out = {}
+    for run in runs:
+        for r in run["records"]:
+            out.setdefault(run["variant"], {}).setdefault(str(group_key(r)), []).append(r)
+    return {v: {g: stats.summarize(rs) for g, rs in groups.items()} for v, groups in out.items()}
+
+
+def add_ratios(summary, num="skippy", den="llama-server",
+               fields=("ttft_p50_ms", "ttft_p90_ms", "e2e_p50_ms", "e2e_p90_ms")):
+    """{group: {field: num/den}} for the groups both variants have."""
+    a, b = summary.get(num, {}), summary.get(den, {})
+    return {g: {f: stats.ratio(a[g].get(f), b[g].get(f)) for f in fields}
+            for g in a if g in b}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class Workload:
+    name = ""
+    title = ""
+
+    def __init__(self, cfg, ctx_size):
+        self.cfg = cfg
+        self.ctx_size = ctx_size
+        self.material = {}
+
+    def build(self, texts):
+        """Builds text material (texts: prompts.TextFactory). Token-id workloads need none."""
+
+    def variants(self):
+        return skippy_and_llama(1)
+
+    def run_once(self, client, deadline):
+        """Returns (records, extra dict)."""
+        raise NotImplementedError
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        return {"by_group": summary, "ratios": add_ratios(summary)}
+
+
+class FamilyTable(Workload):
+    """Shared prefix of P tokens + 1 new token, 1 generated token. The first request per
+    prefix is cold; the next `reps` change only the last token (warm hits)."""
+    name = "family"
+    title = "Family table: warm prefix hit, 1 new token, 1 generated token"
+
+    def __init__(self, cfg, ctx_size):
+        super().__init__(cfg, ctx_size)
+        self.prefixes = {p: prompts.token_prompt(f"family-{p}", p)
+                         for p in cfg["prefixes"] if p + 8 < ctx_size}
+
+    def run_once(self, client, deadline):
+        records = []
+        for p, prefix in self.prefixes.items():
+            for i in range(self.cfg["reps"] + 1):
+                if deadline.expired():
+                    return records, {"truncated": True}
+                phase = "cold" if i == 0 else "warm"
+                r = client.completion(prefix + [prompts.token_at(p, i)], 1)
+                records.append(record(r, key=f"P{p}-{i}", group=f"{p}/{phase}", prefix=p,
+                                      phase=phase))
+        return records, {}
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        return {"by_group": summary, "ratios": add_ratios(summary),
+                "prefixes": list(self.prefixes)}
+
+
+class MultiTurnChat(Workload):
+    """`conversations` chats of `turns` turns each, interleaved (turn 1 of every chat, then
+    turn 2, ...), all sharing one system prompt. The assistant turn sent back is scripted
+    (identical prompts on every server) or, with replies=generated, the server's reply."""
+    name = "chat"
+    title = "Multi-turn chat: interleaved conversations sharing a system prompt"
+
+    def build(self, texts):
+        c = self.cfg
+        rng = random.Random("chat")
+        self.material = {
+            "system": texts.text("chat-system", c["system_tokens"]),
+            "users": {(i, t): texts.text(f"chat-user-{i}-{t}", rng.randint(*c["user_tokens"]))
+                      for i in range(c["conversations"]) for t in range(c["turns"])},
+            "replies": {(i, t): texts.text(f"chat-reply-{i}-{t}", 2 * c["max_tokens"])
+                        for i in range(c["conversations"]) for t in range(c["turns"])},
+        }
+
+    def variants(self):
+        return skippy_and_llama(self.cfg["lanes"])
+
+    def run_once(self, client, deadline):
+        c, m = self.cfg, self.material
+        histories = [[{"role": "system", "content": m["system"]}]
+                     for _ in range(c["conversations"])]
+        records = []
+        for t in range(c["turns"]):
+            for i in range(c["conversations"]):
+                if deadline.expired():
+                    return records, {"truncated": True}
+                messages = histories[i] + [{"role": "user", "content": m["users"][(i, t)]}]
+                r = client.chat(messages, c["max_tokens"])
+                records.append(record(r, key=f"c{i}-t{t + 1}", group=t + 1, conv=i, turn=t + 1))
+                reply = r.text if c["replies"] == "generated" else m["replies"][(i, t)]
+                histories[i] = messages + [{"role": "assistant", "content": reply}]
+        return records, {}
+
+
+class AgentLoop(Workload):
+    """One growing context: each turn sends the history, then appends the assistant's tool
+    call (scripted, or the server's reply with replies=generated) and a 200-500 token tool
+    result, until `max_context` tokens."""
+    name = "agent"
+    title = "Agent loop: one growing context, tool results appended every turn"
+
+    def build(self, texts):
+        c = self.cfg
+        rng = random.Random("agent")
+        sizes = [rng.randint(*c["append_tokens"]) for _ in range(c["max_turns"])]
+        self.material = {
+            "system": texts.text("agent-system", c["system_tokens"], style="tool"),
+            "task": texts.text("agent-task", c["task_tokens"]),
+            "results": [texts.text(f"agent-result-{i}", n, style="tool")
+                        for i, n in enumerate(sizes)],
+            "result_tokens": sizes,
+            "calls": [texts.text(f"agent-call-{i}", 2 * c["max_tokens"], style="call")
+                      for i in range(c["max_turns"])],
+        }
+
+    def variants(self):
+        return skippy_and_llama(self.cfg["lanes"])
+
+    def run_once(self, client, deadline):
+        c, m = self.cfg, self.material
+        cap = min(c["max_context"], self.ctx_size - c["max_tokens"] - 64)
+        messages = [{"role": "system", "content": m["system"]},
+                    {"role": "user", "content": m["task"]}]
+        records = []
+        prompt_tokens = 0
+        for turn in range(c["max_turns"]):
+            if deadline.expired():
+                return records, {"truncated": True}
+            r = client.chat(messages, c["max_tokens"])
+            records.append(record(r, key=f"turn{turn + 1}", group=turn + 1, turn=turn + 1))
+            if not r.ok and (c["replies"] == "generated" or not r.output_rejected):
+                break
+            call = r.text if c["replies"] == "generated" else m["calls"][turn]
+            if r.prompt_tokens is not None:
+                prompt_tokens = r.prompt_tokens
+            upcoming = prompt_tokens + 2 * c["max_tokens"] + m["result_tokens"][turn] + 16
+            if upcoming + c["max_tokens"] > cap or turn + 1 >= len(m["results"]):
+                break
+            messages = messages + [{"role": "assistant", "content": call},
+                                   {"role": "tool", "content": m["results"][turn]}]
+        return records, {}
+
+
+class Concurrency(Workload):
+    """`clients` concurrent clients, each sending `requests_per_client` requests back to back;
+    half share one of two long prefixes (different suffixes), half are unique."""
+    name = "concurrency"
+    title = "Concurrency: concurrent clients, mixed shared-prefix and unique prompts"
+
+    def __init__(self, cfg, ctx_size):
+        super().__init__(cfg, ctx_size)
+        shared = [prompts.token_prompt(f"conc-prefix-{k}", cfg["shared_prefix_tokens"])
+                  for k in range(2)]
+        self.requests = []
+        for i in range(cfg["clients"]):
+            mine = []
+            for j in range(cfg["requests_per_client"]):
+                rng = random.Random(f"conc-{i}-{j}")
+                if (i + j) % 2 == 0:
+                    suffix = prompts.token_prompt(f"conc-sfx-{i}-{j}",
+                                                  rng.randint(*cfg["suffix_tokens"]), bos=False)
+                    mine.append(("shared", shared[(i + 2 * j) % 2] + suffix))
+                else:
+                    mine.append(("unique", prompts.token_prompt(
+                        f"conc-uniq-{i}-{j}", rng.randint(*cfg["unique_tokens"]))))
+            self.requests.append(mine)
+
+    def variants(self):
+        return skippy_and_llama(self.cfg["lanes"])
+
+    def run_once(self, client, deadline):
+        c = self.cfg
+        per_client = [[] for _ in range(c["clients"])]
+        barrier = threading.Barrier(c["clients"] + 1)
+
+        def worker(i):
+            barrier.wait()
+            for j, (kind, prompt) in enumerate(self.requests[i]):
+                if deadline.expired():
+                    return
+                r = client.completion(prompt, c["max_tokens"])
+                per_client[i].append(record(r, key=f"cl{i}-{j}", group=kind, client=i))
+
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True)
+                   for i in range(c["clients"])]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        start = time.perf_counter()
+        for t in threads:
+            t.join(max(1.0, deadline.remaining() + client.request_timeout))
+        wall = time.perf_counter() - start
+        records = [r for rs in per_client for r in rs]
+        ok = [r for r in records if r["ok"]]
+        extra = {
+            "wall_s": wall,
+            "gen_tokens_per_s": sum(r["completion_tokens"] or 0 for r in ok) / wall,
+            "prompt_tokens_per_s": sum(r["prompt_tokens"] or 0 for r in ok) / wall,
+            "truncated": any(t.is_alive() for t in threads) or
+                         len(records) < c["clients"] * c["requests_per_client"],
+        }
+        return records, extra
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        overall = summarize_groups(runs, group_key=lambda r: "all")
+        for variant, groups in overall.items():
+            tps = [run["extra"].get("gen_tokens_per_s") for run in runs
+                   if run["variant"] == variant and run["extra"].get("gen_tokens_per_s")]
+            ptps = [run["extra"].get("prompt_tokens_per_s") for run in runs
+                    if run["variant"] == variant and run["extra"].get("prompt_tokens_per_s")]
+            groups["all"]["throughput_gen_tps"] = stats.median(tps)
+            groups["all"]["throughput_prompt_tps"] = stats.median(ptps)
+            summary.setdefault(variant, {})["all"] = groups["all"]
+        fields = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "throughput_gen_tps")
+        return {"by_group": summary, "ratios": add_ratios(summary, fields=fields)}
+
+
+class ColdPath(Workload):
+    """Unique prompts only (nothing to hit): what recording costs. skippy with the cache
+    (lookup-record) vs skippy --cache-mode off, llama-server as a reference."""
+    name = "cold"
+    title = "Cold path: unique prompts, cost of lookup + record"
+
+    def __init__(self, cfg, ctx_size):
+        super().__init__(cfg, ctx_size)
+        n = min(cfg["prompt_tokens"], ctx_size - cfg["max_tokens"] - 8)
+        self.prompts = [prompts.token_prompt(f"cold-{k}", n) for k in range(cfg["prompts"])]
+
+    def variants(self):
+        return [Variant("skippy", "skippy", 1, "lookup-record"),
+                Variant("skippy-off", "skippy", 1, "off"),
+                Variant("llama-server", "llama", 1)]
+
+    def run_once(self, client, deadline):
+        records = []
+        for k, prompt in enumerate(self.prompts):
+            if deadline.expired():
+                return records, {"truncated": True}
+            r = client.completion(prompt, self.cfg["max_tokens"])
+            records.append(record(r, key=f"u{k}", group="unique"))
+        return records, {}
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        return {"by_group": summary,
+                "ratios": add_ratios(summary),
+                "ratios_record_overhead": add_ratios(summary, "skippy", "skippy-off")}
+
+
+ALL = {w.name: w for w in (FamilyTable, MultiTurnChat, AgentLoop, Concurrency, ColdPath)}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ModelRun:
+    """Everything needed to start servers for one model."""
+    name: str
+    path: str
+    bins: servers.Binaries
+    settings: servers.ServerSettings
+    ctx_size: int
+    rounds: int
+    request_timeout: float
+    log_dir: str = None
+    progress: callable = print
+    ignore_eos: bool = False
+
+
+def measure(model, workload):
+    """Runs `workload` for rounds x variants, one fresh server at a time, in ABAB order."""
+    runs = []
+    for rnd in range(model.rounds):
+        for variant in workload.variants():
+            runs.append(_one_run(model, workload, variant, rnd))
+    return runs
+
+
+def _one_run(model, workload, variant, rnd):
+    run = {"variant": variant.label, "round": rnd, "records": [], "extra": {}, "metrics": {},
+           "error": None}
+    log_path = None
+    if model.log_dir:
+        log_path = f"{model.log_dir}/{model.name}-{workload.name}-{variant.label}-r{rnd}.log"
+    started = time.monotonic()
+    try:
+        server = servers.start_server(model.bins, model.settings, variant, model.path,
+                                      model.ctx_size, log_path)
+    except servers.ServerError as e:
+        run["error"] = str(e)
+        model.progress(f"  {workload.name} r{rnd} {variant.label}: SERVER FAILED\n{e}")
+        return run
+    try:
+        run["argv"] = server.argv
+        run["startup_log"] = [l.rstrip() for l in list(server.log)[:12]]
+        deadline = Deadline(workload.cfg["deadline_s"])
+        native = not variant.is_skippy and model.settings.llama_api == "native"
+        client = Client(server.port, model.request_timeout, deadline, native,
+                        model.ignore_eos)
+        warm = client.completion(prompts.token_prompt("warmup", 16), 2)
+        if not warm.ok:
+            run["error"] = f"warmup request failed: {warm.error}"
+        records, extra = workload.run_once(client, deadline)
+        for r in records:
+            r["variant"], r["round"] = variant.label, rnd
+        run["records"], run["extra"] = records, extra
+        if variant.is_skippy:
+            run["metrics"] = {k: v for k, v in servers.scrape_metrics(server.port).items()
+                              if k.startswith("skippy_")}
+        if not server.alive():
+            run["error"] = f"server exited during the run:\n{server.log_tail()}"
+    finally:
+        server.stop()
+    run["wall_s"] = time.monotonic() - started
+    s = stats.summarize(run["records"])
+    p50 = s["ttft_p50_ms"]
+    model.progress(f"  {workload.name:<11} r{rnd} {variant.label:<12} {s['n']:>3} ok "
+                   f"{s['errors']:>2} err  ttft p50 "
+                   f"{'-' if p50 is None else f'{p50:9.1f}'} ms  cached/req "
+                   f"{_fmt(s['cached_tokens_mean'])}  {run['wall_s']:6.1f}s"
+                   + ("  TRUNCATED" if run["extra"].get("truncated") else ""))
+    return run
+
+
+def _fmt(v):
+    return "-" if v is None else f"{v:.0f}"
+
+
+# --------------------------------------------------------------------------------------------
+# Output check
+
+
+def compare_outputs(runs):
+    """Greedy outputs for the same prompt key must be identical across servers, rounds and
+    cache modes. Returns {"keys": n compared, "mismatches": [...]}. Kinds: skippy-vs-llama
+    (the servers disagree), skippy-internal (skippy disagrees with itself: rounds or cache
+    modes), llama-internal, prompt-length (the servers counted different prompt tokens for
+    the same request: a template/tokenization difference, not a generation one)."""
+    texts = {}    # key -> variant -> set of texts
+    lengths = {}  # key -> set of prompt_tokens
+    for run in runs:
+        for r in run["records"]:
+            if r["ok"]:
+                # A reply that ends inside a UTF-8 character: skippy sends U+FFFD for the
+                # dangling bytes, llama-server holds them back. Same tokens: not a mismatch.
+                text = r["text"].rstrip("\ufffd")
+                texts.setdefault(r["key"], {}).setdefault(run["variant"], set()).add(text)
+                if r.get("prompt_tokens") is not None:
+                    lengths.setdefault(r["key"], set()).add(r["prompt_tokens"])
+    mismatches = []
+    for key, by_variant in texts.items():
+        union = set().union(*by_variant.values())
+        kinds = []
+        if len(lengths.get(key, ())) > 1:
+            kinds.append("prompt-length")
+        if len(union) > 1:
+            skippy = {v: t for v, t in by_variant.items() if v.startswith("skippy")}
+            llama = by_variant.get("llama-server", set())
+            skippy_union = set().union(*skippy.values()) if skippy else set()
+            if skippy and llama and skippy_union != llama:
+                kinds.append("skippy-vs-llama")
+            if len(skippy_union) > 1:
+                kinds.append("skippy-internal")
+            if len(llama) > 1:
+                kinds.append("llama-internal")
+        if kinds:
+            mismatches.append({"key": key, "kinds": kinds,
+                               "prompt_tokens": sorted(lengths.get(key, ())),
+                               "texts": {v: sorted(t)[:3] for v, t in by_variant.items()}})
+    return {"keys": len(texts), "mismatches": mismatches}
