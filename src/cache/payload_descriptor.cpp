@@ -25,7 +25,8 @@ std::optional<std::string> PayloadDescriptor::validate_against(uint64_t actual_b
     if (layer_end <= layer_begin) {
         return "empty layer range";
     }
-    if (kind == PayloadKind::KvRecurrent && kv_bytes + recurrent_bytes != payload_bytes) {
+    if (kind == PayloadKind::KvRecurrent &&
+        (kv_bytes > payload_bytes || recurrent_bytes != payload_bytes - kv_bytes)) {
         return "section sizes do not add up";
     }
     return std::nullopt;

@@ -105,7 +105,8 @@ std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> byte
         return fail("layer range or KV types mismatch");
     }
     if (descriptor.kind == cache::PayloadKind::KvRecurrent &&
-        descriptor.kv_bytes + descriptor.recurrent_bytes != bytes.size()) {
+        (descriptor.kv_bytes > bytes.size() ||
+         descriptor.recurrent_bytes != bytes.size() - descriptor.kv_bytes)) {
         return fail("section sizes mismatch");
     }
     // The reader ignores the source sequence id (header and cells): it imports into the
