@@ -6,8 +6,14 @@ namespace skippy::cache {
 
 RecordJob make_exact_record_job(ExactStateCache& cache, ExactRecordPayload payload,
                                 std::function<void(const ExactInsertResult&)> on_done) {
-    const PageId page = payload.page;
-    auto shared = std::make_shared<ExactRecordPayload>(std::move(payload));
+    return make_exact_record_job(
+        cache, std::make_shared<const ExactRecordPayload>(std::move(payload)), std::move(on_done));
+}
+
+RecordJob make_exact_record_job(ExactStateCache& cache,
+                                std::shared_ptr<const ExactRecordPayload> shared,
+                                std::function<void(const ExactInsertResult&)> on_done) {
+    const PageId page = shared->page;
     return RecordJob{page, [&cache, shared, done = std::move(on_done)]() -> bool {
                          const ExactRecordPayload& p = *shared;
                          if (cache.contains(p.ns, p.tokens, p.page)) {

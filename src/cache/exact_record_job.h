@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "cache/exact_state_cache.h"
@@ -33,6 +34,10 @@ struct ExactRecordPayload {
 };
 
 RecordJob make_exact_record_job(ExactStateCache& cache, ExactRecordPayload payload,
+                                std::function<void(const ExactInsertResult&)> on_done = {});
+// Same, for a payload the caller keeps reading meanwhile (no copy of the bytes).
+RecordJob make_exact_record_job(ExactStateCache& cache,
+                                std::shared_ptr<const ExactRecordPayload> payload,
                                 std::function<void(const ExactInsertResult&)> on_done = {});
 
 }  // namespace skippy::cache

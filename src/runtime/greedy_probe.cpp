@@ -11,6 +11,7 @@
 
 #include "chat.h"
 #include "llama.h"
+#include "runtime/model.h"
 
 namespace skippy::runtime {
 namespace {
@@ -46,16 +47,6 @@ bool llama_log_wanted() {
     return env != nullptr && std::strcmp(env, "1") == 0;
 }
 
-void backend_init_once() {
-    static const bool initialized = [] {
-        llama_backend_init();
-        return true;
-    }();
-    (void)initialized;
-}
-
-bool silent_progress(float /*progress*/, void* /*user_data*/) { return true; }
-
 std::string meta_str(const llama_model* model, const char* key) {
     char buf[512];
     const int32_t n = llama_model_meta_val_str(model, key, buf, sizeof(buf));
@@ -75,7 +66,7 @@ ModelPtr load_model(const std::string& path, int32_t n_gpu_layers, bool vocab_on
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = n_gpu_layers;
     mp.vocab_only = vocab_only;
-    mp.progress_callback = silent_progress;
+    mp.progress_callback = silent_load_progress;
     ModelPtr model(llama_model_load_from_file(path.c_str(), mp));
     if (!model) {
         fail("cannot load model " + path + " (set SKIPPY_LLAMA_LOG=1 for llama.cpp's reason)");
@@ -144,8 +135,8 @@ GreedyResult greedy_probe(const std::string& model_path, const std::string& prom
     if (options.n_ctx == 0 || options.n_batch == 0 || options.n_threads == 0) {
         fail("n_ctx, n_batch and n_threads must be > 0");
     }
+    ensure_backend_initialized();  // before the silencer, so it restores our logger
     ScopedLlamaLogSilencer quiet;
-    backend_init_once();
 
     ModelPtr model = load_model(model_path, options.n_gpu_layers, false);
     const llama_vocab* vocab = llama_model_get_vocab(model.get());
@@ -236,8 +227,8 @@ std::vector<int32_t> greedy_generate(const std::string& model_path, const std::s
 std::string render_chat_prompt(const std::string& model_path,
                                const std::vector<std::pair<std::string, std::string>>& messages,
                                bool add_generation_prompt) {
+    ensure_backend_initialized();  // before the silencer, so it restores our logger
     ScopedLlamaLogSilencer quiet;
-    backend_init_once();
     ModelPtr model = load_model(model_path, 0, true);
     try {
         common_chat_templates_ptr tmpls = common_chat_templates_init(model.get(), "");

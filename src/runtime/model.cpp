@@ -71,6 +71,8 @@ void ensure_backend_initialized() {
     });
 }
 
+bool silent_load_progress(float /*progress*/, void* /*user_data*/) { return true; }
+
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptions& options) {
     ensure_backend_initialized();
     std::unique_ptr<Model> model(new Model());

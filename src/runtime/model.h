@@ -80,4 +80,7 @@ private:
 // (silent unless SKIPPY_LLAMA_LOG=1).
 void ensure_backend_initialized();
 
+// A model-load progress callback that reports nothing and never cancels.
+bool silent_load_progress(float progress, void* user_data);
+
 }  // namespace skippy::runtime

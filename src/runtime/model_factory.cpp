@@ -13,6 +13,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
+#include "runtime/model.h"
 #include "runtime/greedy_probe.h"
 
 namespace skippy::runtime {
@@ -351,16 +352,6 @@ void require(bool ok, const std::string& what) {
 
 std::string u(uint32_t v) { return std::to_string(v); }
 
-void backend_init_once() {
-    static const bool initialized = [] {
-        llama_backend_init();
-        return true;
-    }();
-    (void)initialized;
-}
-
-bool silent_progress(float /*progress*/, void* /*user_data*/) { return true; }
-
 }  // namespace
 
 std::vector<std::string> supported_model_archs() { return {kArchLlama, kArchQwen35, kArchMamba2}; }
@@ -481,8 +472,8 @@ void make_random_model(const ModelSpec& spec_in, const std::string& out_path) {
     }
     const std::string vocab_path = vocab_gguf_path(spec.vocab);
 
+    ensure_backend_initialized();  // before the silencer, so it restores our logger
     ScopedLlamaLogSilencer quiet;
-    backend_init_once();
 
     // 1. Metadata: hyperparameters + the real tokenizer.
     GgufPtr vocab = open_gguf(vocab_path, nullptr);
@@ -499,7 +490,7 @@ void make_random_model(const ModelSpec& spec_in, const std::string& out_path) {
     ggml_backend_dev_t no_devices[1] = {nullptr};
     mparams.devices = no_devices;
     mparams.n_gpu_layers = 0;
-    mparams.progress_callback = silent_progress;
+    mparams.progress_callback = silent_load_progress;
     std::unique_ptr<llama_model, LlamaModelDeleter> model(
         llama_model_init_from_user(meta.get(), set_tensor_data, &ic, mparams));
     if (!model) {

@@ -219,6 +219,38 @@ size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<run
     return i;
 }
 
+// Maps byte offsets of a prompt's text to token counts of its tokenization.
+class TokenTextMap {
+public:
+    TokenTextMap(const runtime::Model& model, const std::vector<runtime::Token>& tokens,
+                 const std::string& text) {
+        ends_.reserve(tokens.size() + 1);
+        ends_.push_back(0);
+        std::string pieces;
+        for (runtime::Token token : tokens) {
+            pieces += model.token_to_piece(token, true);
+            ends_.push_back(pieces.size());
+        }
+        // Tokens may render more than the text at the front (BOS, a leading space).
+        if (pieces.size() >= text.size() &&
+            pieces.compare(pieces.size() - text.size(), text.size(), text) == 0) {
+            lead_ = pieces.size() - text.size();
+            valid_ = true;
+        }
+    }
+    bool valid() const { return valid_; }
+    // Number of tokens that end at or before byte `offset` of the text.
+    size_t tokens_before(size_t offset) const {
+        const auto it = std::upper_bound(ends_.begin(), ends_.end(), offset + lead_);
+        return static_cast<size_t>(it - ends_.begin()) - 1;
+    }
+
+private:
+    std::vector<size_t> ends_;
+    size_t lead_ = 0;
+    bool valid_ = false;
+};
+
 }  // namespace
 
 OpenAiRequestParser::OpenAiRequestParser(const runtime::Model& model,
@@ -453,6 +485,16 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     // Before the (quadratic) boundary search: a prompt that cannot fit is rejected cheaply.
     check_prompt_fits(gen.prompt.size(), "messages");
     // Structural record positions: where each earlier message ends in the prompt's tokens.
+    // A rendered head of the conversation is a text prefix of the prompt; its end maps to a
+    // token index through the cumulative length of the prompt's token pieces, so the prompt
+    // is tokenized once (the fallback tokenizes the head when the text is not a prefix).
+    const TokenTextMap text_map(model_, gen.prompt, prompt);
+    auto boundary_of = [&](const std::string& head_text) -> size_t {
+        if (text_map.valid() && prompt.compare(0, head_text.size(), head_text) == 0) {
+            return text_map.tokens_before(head_text.size());
+        }
+        return common_prefix(model_.tokenize(head_text, true, true), gen.prompt);
+    };
     constexpr size_t kRenderFixedCost = 16;
     size_t render_cost = 0;
     for (size_t k = 1; k < messages.size(); ++k) {
@@ -462,17 +504,14 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         }
         const std::vector<runtime::ChatMessage> head(messages.begin(),
                                                      messages.begin() + static_cast<long>(k));
-        const auto head_tokens = model_.tokenize(chat_template_.render(head, false), true, true);
-        const size_t boundary = common_prefix(head_tokens, gen.prompt);
+        const size_t boundary = boundary_of(chat_template_.render(head, false));
         if (boundary > 0) {
             gen.message_boundaries.push_back(static_cast<int32_t>(boundary));
         }
         if (messages[k].role == "assistant") {
             // Where the earlier request of this conversation ended (its generation prompt):
             // the state recorded there is what this turn restores.
-            const auto earlier_prompt =
-                model_.tokenize(chat_template_.render(head, true), true, true);
-            const size_t earlier_end = common_prefix(earlier_prompt, gen.prompt);
+            const size_t earlier_end = boundary_of(chat_template_.render(head, true));
             if (earlier_end > 0) {
                 gen.message_boundaries.push_back(static_cast<int32_t>(earlier_end));
             }

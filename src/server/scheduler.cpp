@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "server/text_output.h"
 
@@ -34,6 +35,7 @@ struct Scheduler::Slot {
     std::vector<int32_t> checkpoints;  // prefill pause positions, ascending
     std::set<int32_t> is_checkpoint;   // the pauses where the stage records
     size_t next_checkpoint = 0;
+    int32_t deferred_checkpoint = 0;  // prompt-end checkpoint, recorded after the first token
     bool generating = false;
     bool post_turn = false;  // reply delivered; prefilling the canonical end of the turn
     runtime::Token pending_token = 0;  // sampled, not decoded yet
@@ -222,6 +224,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.n_sampled = 0;
     slot.n_reply_tokens = 0;
     slot.next_checkpoint = 0;
+    slot.deferred_checkpoint = 0;
 
     context_->seq_clear(slot.lane);
     stage::RestoreResult restored;
@@ -299,6 +302,9 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     completed_.fetch_add(1);
     // The client has its answer before the cache records the lane.
     slot.stream->finish(slot.stats);
+    if (slot.deferred_checkpoint > 0) {
+        record_checkpoint(slot, std::exchange(slot.deferred_checkpoint, 0));
+    }
     try {
         stage_->on_finish(*context_, slot.lane, slot.lane_tokens, slot.prompt_info);
     } catch (const std::exception& e) {
@@ -477,23 +483,37 @@ void Scheduler::step() {
         const auto& prompt = slot.request.prompt;
         slot.lane_tokens.insert(slot.lane_tokens.end(), prompt.begin() + p.begin,
                                 prompt.begin() + p.end);
+        const bool prompt_done = p.end == static_cast<int32_t>(prompt.size());
         while (slot.next_checkpoint < slot.checkpoints.size() &&
                slot.checkpoints[slot.next_checkpoint] <= p.end) {
             if (slot.checkpoints[slot.next_checkpoint] == p.end && slot.is_checkpoint.count(p.end)) {
-                try {
-                    stage_->on_checkpoint(*context_, slot.lane, slot.prompt_info, p.end);
-                } catch (const std::exception& e) {
-                    std::fprintf(stderr, "skippy: checkpoint record failed: %s\n", e.what());
+                if (prompt_done && !slot.post_turn) {
+                    // Export after the first token is out: the state does not change until
+                    // the sampled token is decoded, and TTFT should not pay for the export.
+                    slot.deferred_checkpoint = p.end;
+                } else {
+                    record_checkpoint(slot, p.end);
                 }
             }
             ++slot.next_checkpoint;
         }
-        if (p.end == static_cast<int32_t>(prompt.size()) && slot.post_turn) {
+        if (prompt_done && slot.post_turn) {
             release_slot(slot);  // the end of the turn is recorded
-        } else if (p.end == static_cast<int32_t>(prompt.size())) {
+        } else if (prompt_done) {
             slot.generating = true;
-            sample_slot(slot, p.logits_index);
+            sample_slot(slot, p.logits_index);  // may finish (and record) the slot
+            if (slot.active && slot.deferred_checkpoint > 0) {
+                record_checkpoint(slot, std::exchange(slot.deferred_checkpoint, 0));
+            }
         }
+    }
+}
+
+void Scheduler::record_checkpoint(Slot& slot, int32_t n_tokens) {
+    try {
+        stage_->on_checkpoint(*context_, slot.lane, slot.prompt_info, n_tokens);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: checkpoint record failed: %s\n", e.what());
     }
 }
 

@@ -98,6 +98,7 @@ private:
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void sample_slot(Slot& slot, int32_t batch_index);
     bool start_turn_end(Slot& slot);
+    void record_checkpoint(Slot& slot, int32_t n_tokens);
     // True when `prompt` continues a conversation whose lane is still recording its turn.
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
 

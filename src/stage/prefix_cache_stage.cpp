@@ -58,6 +58,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     layout_.n_layer = model.n_layer();
     layout_.k_type = context.type_k;
     layout_.v_type = context.type_v;
+    layout_.attention_free = model.kind() == runtime::ModelKind::Recurrent;
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
     if (payload != ActivePayload::ResidentKv) {
         cache::ExactStateCacheOptions options;
@@ -191,17 +192,18 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
     const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
     std::optional<cache::ExactHit> hit = exact_->acquire_longest(ns, query);
     // A just-recorded state the worker has not inserted yet may be longer than the hit.
-    const RecentRecord* recent = nullptr;
+    const cache::ExactRecordPayload* recent = nullptr;
     for (auto it = recent_records_.begin(); it != recent_records_.end();) {
-        if (exact_->try_contains(it->ns, it->tokens, it->page) == cache::Presence::Present) {
+        const cache::ExactRecordPayload& r = **it;
+        if (exact_->try_contains(r.ns, r.tokens, r.page) == cache::Presence::Present) {
             it = recent_records_.erase(it);
             continue;
         }
-        const size_t n = it->tokens.size();
-        if (it->ns == ns && n <= query.size() && n >= policy_.min_tokens &&
+        const size_t n = r.tokens.size();
+        if (r.ns == ns && n <= query.size() && n >= policy_.min_tokens &&
             n > (hit ? hit->len : 0) && (recent == nullptr || n > recent->tokens.size()) &&
-            std::equal(it->tokens.begin(), it->tokens.end(), query.begin())) {
-            recent = &*it;
+            std::equal(r.tokens.begin(), r.tokens.end(), query.begin())) {
+            recent = &r;
         }
         ++it;
     }
@@ -221,7 +223,7 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
         }
         // Our own fresh export failed to import: drop it and use the cache instead.
         context.seq_clear(lane);
-        std::erase_if(recent_records_, [&](const RecentRecord& r) { return &r == recent; });
+        std::erase_if(recent_records_, [&](const auto& r) { return r.get() == recent; });
         hit = exact_->acquire_longest(ns, query);
     }
     if (!hit || hit->len < policy_.min_tokens) {
@@ -345,19 +347,15 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
     }
     event.export_ms = ms_since(t0);
     event.bytes = encoded.bytes.size();
-    RecentRecord recent{ns, std::vector<Token>(tokens.begin(), tokens.end()), page,
-                        encoded.descriptor, encoded.bytes};
-    cache::ExactRecordPayload payload{ns,
-                                      std::vector<Token>(tokens.begin(), tokens.end()),
-                                      page,
-                                      encoded.descriptor,
-                                      std::move(encoded.bytes),
-                                      std::move(encoded.cuts)};
+    auto payload = std::make_shared<const cache::ExactRecordPayload>(
+        cache::ExactRecordPayload{ns, std::vector<Token>(tokens.begin(), tokens.end()), page,
+                                  encoded.descriptor, std::move(encoded.bytes),
+                                  std::move(encoded.cuts)});
     CacheTelemetry* telemetry = telemetry_.get();
     cache::ExactStateCache* exact = exact_.get();
     const RecordEvent queued_event = event;
     auto job = cache::make_exact_record_job(
-        *exact_, std::move(payload),
+        *exact_, payload,
         [telemetry, exact, queued_event](const cache::ExactInsertResult& r) {
             RecordEvent done = queued_event;
             done.decision = r.stored() ? "stored" : "failed";
@@ -376,7 +374,7 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
     const cache::Admission admission = queue_->submit(std::move(job));
     event.decision = admission == cache::Admission::Queued ? "queued" : "dropped_full";
     if (admission == cache::Admission::Queued) {
-        recent_records_.push_back(std::move(recent));
+        recent_records_.push_back(std::move(payload));
         const size_t cap = std::max<size_t>(4, 2 * static_cast<size_t>(n_lanes_));
         while (recent_records_.size() > cap) {
             recent_records_.pop_front();

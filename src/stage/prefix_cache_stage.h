@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cache/candidate_policy.h"
+#include "cache/exact_record_job.h"
 #include "cache/exact_state_cache.h"
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
@@ -99,14 +100,8 @@ private:
     // Records handed to the queue but maybe not inserted yet, so that the very next request
     // of a conversation (an agent's immediate follow-up) can restore them already.
     // Scheduler thread only; bounded; entries leave once the cache holds them.
-    struct RecentRecord {
-        cache::NamespaceId ns;
-        std::vector<Token> tokens;
-        cache::PageId page;
-        cache::PayloadDescriptor descriptor;
-        std::vector<uint8_t> bytes;
-    };
-    std::deque<RecentRecord> recent_records_;
+    // Shared with the queued job (no copy of the bytes).
+    std::deque<std::shared_ptr<const cache::ExactRecordPayload>> recent_records_;
     bool import_payload(runtime::InferenceContext& context, SeqId lane,
                         std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
                         size_t n_tokens, std::string& reason);

@@ -38,7 +38,7 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
         throw std::runtime_error("state export returned no bytes");
     }
     check_header(full);
-    out.bytes.assign(full.begin() + kLlamaSeqStateHeader, full.end());
+    const std::span<const uint8_t> raw = std::span<const uint8_t>(full).subspan(kLlamaSeqStateHeader);
     auto& d = out.descriptor;
     d.kind = layout.kind;
     d.token_begin = 0;
@@ -47,18 +47,24 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
     d.layer_end = layout.n_layer;
     d.k_type = layout.k_type;
     d.v_type = layout.v_type;
-    d.payload_bytes = out.bytes.size();
-    if (layout.kind == cache::PayloadKind::KvRecurrent) {
+    if (layout.kind != cache::PayloadKind::KvRecurrent) {
+        out.bytes.assign(raw.begin(), raw.end());
+        d.payload_bytes = out.bytes.size();
+        return out;
+    }
+    size_t recurrent_size = raw.size();
+    if (!layout.attention_free) {
         const std::vector<uint8_t> partial = context.state_export(lane, StateScope::PartialOnly);
         check_header(partial);
-        const size_t recurrent_size = partial.size() - kLlamaSeqStateHeader;
+        recurrent_size = partial.size() - kLlamaSeqStateHeader;
         // llama.cpp writes the attention part first, then the recurrent part.
-        const std::span<const uint8_t> raw(out.bytes);
         if (recurrent_size == 0 || recurrent_size > raw.size() ||
             std::memcmp(raw.data() + (raw.size() - recurrent_size),
                         partial.data() + kLlamaSeqStateHeader, recurrent_size) != 0) {
             throw std::runtime_error("state layout not understood: recurrent section mismatch");
         }
+    }
+    {
         // The attention part is stored as token-range pages; the recurrent part as is.
         EncodedKvPages pages =
             encode_kv_pages(raw.first(raw.size() - recurrent_size), n_tokens);

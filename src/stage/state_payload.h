@@ -38,6 +38,9 @@ struct PayloadLayout {
     int32_t n_layer = 0;
     std::string k_type;
     std::string v_type;
+    // Pure recurrent models: the whole state is the recurrent section (no attention KV),
+    // so the partial-only export that would find it is skipped.
+    bool attention_free = false;
 };
 
 // Exports the lane's state holding `n_tokens` tokens. Throws std::runtime_error if the

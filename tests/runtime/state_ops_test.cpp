@@ -12,57 +12,22 @@
 #include "runtime/model.h"
 #include "runtime/model_factory.h"
 #include "runtime/sampler.h"
+#include "test_models.h"
 
 namespace skippy::runtime {
 namespace {
 
+using skippy::testing::continue_greedy;
+
 std::string model_for(const std::string& arch) {
-    const auto dir = std::filesystem::temp_directory_path() / "skippy-state-ops-test";
-    std::filesystem::create_directories(dir);
-    const auto path = dir / ("tiny-" + arch + ".gguf");
-    if (!std::filesystem::exists(path)) {
-        ModelSpec spec;
-        spec.arch = arch;
-        spec.n_layer = arch == "qwen35" ? 4 : 2;
-        spec.n_embd = 128;
-        spec.n_head = 2;
-        spec.n_head_kv = 2;
-        spec.n_ff = 256;
-        spec.seed = 11;
-        const auto tmp = path.string() + ".tmp";
-        make_random_model(spec, tmp);
-        std::filesystem::rename(tmp, path);
-    }
-    return path.string();
+    return skippy::testing::tiny_model(arch, "state-ops-test", 11);
 }
 
-// Decodes `tokens` into `seq` starting at position `pos0`; returns the batch index of the
-// last token's logits.
+// Decodes `tokens` into `seq` from position `pos0` in one batch.
 int32_t prefill(InferenceContext& ctx, SeqId seq, const std::vector<Token>& tokens, Pos pos0) {
-    ctx.batch_clear();
-    int32_t last = -1;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        last = ctx.batch_add(tokens[i], pos0 + static_cast<Pos>(i), seq, i + 1 == tokens.size());
-    }
-    EXPECT_EQ(ctx.decode(), 0);
-    return last;
-}
-
-// Greedy continuation of a sequence whose last decoded token's logits are at `logits_index`.
-std::vector<Token> continue_greedy(InferenceContext& ctx, SeqId seq, Pos next_pos,
-                                   int32_t logits_index, int n) {
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    Sampler sampler(ctx.model(), greedy);
-    std::vector<Token> out;
-    for (int i = 0; i < n; ++i) {
-        const Token t = sampler.sample(ctx, logits_index);
-        out.push_back(t);
-        ctx.batch_clear();
-        logits_index = ctx.batch_add(t, next_pos++, seq, true);
-        EXPECT_EQ(ctx.decode(), 0);
-    }
-    return out;
+    std::vector<Token> padded(static_cast<size_t>(pos0), 0);
+    padded.insert(padded.end(), tokens.begin(), tokens.end());
+    return skippy::testing::prefill(ctx, seq, padded, static_cast<size_t>(pos0), padded.size());
 }
 
 class StateOpsTest : public ::testing::TestWithParam<std::string> {

@@ -12,28 +12,13 @@
 #include "runtime/model_factory.h"
 #include "server/scheduler.h"
 #include "stage/prefix_cache_stage.h"
+#include "test_models.h"
 
 namespace skippy::server {
 namespace {
 
 std::string model_for(const std::string& arch) {
-    const auto dir = std::filesystem::temp_directory_path() / "skippy-cache-integration-test";
-    std::filesystem::create_directories(dir);
-    const auto path = dir / ("tiny-" + arch + ".gguf");
-    if (!std::filesystem::exists(path)) {
-        runtime::ModelSpec spec;
-        spec.arch = arch;
-        spec.n_layer = arch == "qwen35" ? 4 : 2;
-        spec.n_embd = 128;
-        spec.n_head = 2;
-        spec.n_head_kv = 2;
-        spec.n_ff = 256;
-        spec.seed = 5;
-        const auto tmp = path.string() + ".tmp";
-        runtime::make_random_model(spec, tmp);
-        std::filesystem::rename(tmp, path);
-    }
-    return path.string();
+    return skippy::testing::tiny_model(arch, "cache-integration-test", 5);
 }
 
 struct Output {

@@ -20,6 +20,7 @@
 #include "runtime/sampler.h"
 #include "stage/kv_pages.h"
 #include "stage/state_payload.h"
+#include "test_models.h"
 
 namespace skippy::stage {
 namespace {
@@ -37,23 +38,7 @@ constexpr size_t kSeqHeader = 8;  // llama.cpp per-sequence blob: magic + source
 // ~80x slower when the machine's cores are busy (measured: 0.4 s vs 33 s for one test).
 
 std::string model_for(const std::string& arch) {
-    const auto dir = std::filesystem::temp_directory_path() / "skippy-stage-test";
-    std::filesystem::create_directories(dir);
-    const auto path = dir / ("tiny-" + arch + ".gguf");
-    if (!std::filesystem::exists(path)) {
-        runtime::ModelSpec spec;
-        spec.arch = arch;
-        spec.n_layer = arch == "qwen35" ? 4 : 2;
-        spec.n_embd = 128;
-        spec.n_head = 2;
-        spec.n_head_kv = 2;
-        spec.n_ff = 256;
-        spec.seed = 11;
-        const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
-        runtime::make_random_model(spec, tmp);
-        std::filesystem::rename(tmp, path);
-    }
-    return path.string();
+    return skippy::testing::tiny_model(arch, "stage-test", 11);
 }
 
 std::vector<Token> prompt_tokens(const Model& model, size_t n) {
@@ -65,39 +50,13 @@ std::vector<Token> prompt_tokens(const Model& model, size_t n) {
     return out;
 }
 
-// Decodes tokens[from, to) into `seq` in canonical chunks that end at multiples of 64;
-// returns the batch index of the last token's logits.
+// Prefill in canonical chunks that end at multiples of 64 (so KV bytes match).
 int32_t prefill(InferenceContext& ctx, SeqId seq, const std::vector<Token>& tokens, size_t from,
                 size_t to) {
-    int32_t last = -1;
-    size_t pos = from;
-    while (pos < to) {
-        const size_t end = std::min(to, (pos / 64 + 1) * 64);
-        ctx.batch_clear();
-        for (size_t i = pos; i < end; ++i) {
-            last = ctx.batch_add(tokens[i], static_cast<Pos>(i), seq, i + 1 == end);
-        }
-        EXPECT_EQ(ctx.decode(), 0);
-        pos = end;
-    }
-    return last;
+    return skippy::testing::prefill(ctx, seq, tokens, from, to, 64);
 }
 
-std::vector<Token> continue_greedy(InferenceContext& ctx, SeqId seq, Pos next_pos,
-                                   int32_t logits_index, int n) {
-    runtime::SamplingParams greedy;
-    greedy.temperature = 0;
-    runtime::Sampler sampler(ctx.model(), greedy);
-    std::vector<Token> out;
-    for (int i = 0; i < n; ++i) {
-        const Token t = sampler.sample(ctx, logits_index);
-        out.push_back(t);
-        ctx.batch_clear();
-        logits_index = ctx.batch_add(t, next_pos++, seq, true);
-        EXPECT_EQ(ctx.decode(), 0);
-    }
-    return out;
-}
+using skippy::testing::continue_greedy;
 
 PayloadLayout layout_for(const Model& model, cache::PayloadKind kind) {
     PayloadLayout layout;

@@ -1,0 +1,69 @@
+#include "test_models.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "runtime/model_factory.h"
+#include "runtime/sampler.h"
+
+namespace skippy::testing {
+
+std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed) {
+    const auto dir = std::filesystem::temp_directory_path() / ("skippy-" + tag);
+    std::filesystem::create_directories(dir);
+    const auto path = dir / ("tiny-" + arch + "-" + std::to_string(seed) + ".gguf");
+    if (!std::filesystem::exists(path)) {
+        runtime::ModelSpec spec;
+        spec.arch = arch;
+        spec.n_layer = arch == "qwen35" ? 4 : 2;
+        spec.n_embd = 128;
+        spec.n_head = 2;
+        spec.n_head_kv = 2;
+        spec.n_ff = 256;
+        spec.seed = seed;
+        // Unique temporary name: test processes may run in parallel.
+        const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
+        runtime::make_random_model(spec, tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    return path.string();
+}
+
+int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
+                const std::vector<runtime::Token>& tokens, size_t from, size_t to,
+                size_t chunk) {
+    int32_t last = -1;
+    size_t pos = from;
+    while (pos < to) {
+        const size_t end = chunk == 0 ? to : std::min(to, (pos / chunk + 1) * chunk);
+        ctx.batch_clear();
+        for (size_t i = pos; i < end; ++i) {
+            last = ctx.batch_add(tokens[i], static_cast<runtime::Pos>(i), seq, i + 1 == end);
+        }
+        EXPECT_EQ(ctx.decode(), 0);
+        pos = end;
+    }
+    return last;
+}
+
+std::vector<runtime::Token> continue_greedy(runtime::InferenceContext& ctx, runtime::SeqId seq,
+                                            runtime::Pos next_pos, int32_t logits_index,
+                                            int n) {
+    runtime::SamplingParams greedy;
+    greedy.temperature = 0;
+    runtime::Sampler sampler(ctx.model(), greedy);
+    std::vector<runtime::Token> out;
+    for (int i = 0; i < n; ++i) {
+        const runtime::Token t = sampler.sample(ctx, logits_index);
+        out.push_back(t);
+        ctx.batch_clear();
+        logits_index = ctx.batch_add(t, next_pos++, seq, true);
+        EXPECT_EQ(ctx.decode(), 0);
+    }
+    return out;
+}
+
+}  // namespace skippy::testing

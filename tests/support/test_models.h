@@ -1,0 +1,27 @@
+// Shared helpers for tests that run real generated models: a cached tiny model per arch,
+// canonical-chunk prefill and greedy continuation on an InferenceContext.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/inference_context.h"
+
+namespace skippy::testing {
+
+// Path of a tiny random-weight model of `arch` (llama, qwen35, mamba2), generated once
+// into the temp dir under `tag` (n_embd 128, 2 layers; qwen35: 4 = 3 recurrent + 1 attn).
+std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed);
+
+// Decodes tokens[from, to) into `seq`, in chunks ending at multiples of `chunk` (0 = one
+// chunk); returns the batch index of the last token's logits.
+int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
+                const std::vector<runtime::Token>& tokens, size_t from, size_t to,
+                size_t chunk = 0);
+
+// Greedy continuation of `seq` whose last decoded token's logits are at `logits_index`.
+std::vector<runtime::Token> continue_greedy(runtime::InferenceContext& ctx, runtime::SeqId seq,
+                                            runtime::Pos next_pos, int32_t logits_index, int n);
+
+}  // namespace skippy::testing
