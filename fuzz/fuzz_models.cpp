@@ -1,9 +1,10 @@
 #include "fuzz_models.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <unistd.h>
 
 #include "runtime/model_factory.h"
 

@@ -66,8 +66,8 @@ std::unique_ptr<RealPayload> make_real(const std::string& arch, const char* argv
     r->context = std::make_unique<runtime::InferenceContext>(*r->model, options);
     r->context->batch_clear();
     for (uint32_t i = 0; i < n_tokens; ++i) {
-        r->context->batch_add(static_cast<runtime::Token>(100 + 7 * i), static_cast<int32_t>(i),
-                              0, i + 1 == n_tokens);
+        r->context->batch_add(static_cast<runtime::Token>(100 + 7 * i), static_cast<int32_t>(i), 0,
+                              i + 1 == n_tokens);
     }
     if (r->context->decode() != 0) {
         fail("prefill of the " + arch + " seed state failed");
@@ -121,9 +121,8 @@ void check_validate(const cache::PayloadDescriptor& d, uint64_t actual) {
         (d.kv_bytes > d.payload_bytes || d.recurrent_bytes > d.payload_bytes ||
          d.kv_bytes + d.recurrent_bytes != d.payload_bytes)) {
         fail("validate_against accepted section sizes outside the payload (kv_bytes=" +
-             std::to_string(d.kv_bytes) + " recurrent_bytes=" +
-             std::to_string(d.recurrent_bytes) + " payload_bytes=" +
-             std::to_string(d.payload_bytes) + ")");
+             std::to_string(d.kv_bytes) + " recurrent_bytes=" + std::to_string(d.recurrent_bytes) +
+             " payload_bytes=" + std::to_string(d.payload_bytes) + ")");
     }
 }
 
@@ -132,13 +131,12 @@ void check_decoded(const std::vector<uint8_t>& bytes, const cache::PayloadDescri
                    const std::vector<uint8_t>& blob) {
     check_validate(d, bytes.size());
     if (d.kind != layout.kind || d.token_begin != 0 || d.token_end != expected_tokens ||
-        d.layer_end != layout.n_layer || d.k_type != layout.k_type ||
-        d.v_type != layout.v_type) {
+        d.layer_end != layout.n_layer || d.k_type != layout.k_type || d.v_type != layout.v_type) {
         fail("decode_payload accepted a descriptor that does not match the layout");
     }
     uint32_t magic = 0;
-    if (blob.size() < kHeader || (std::memcpy(&magic, blob.data(), 4), magic) !=
-                                     kLlamaSeqStateMagic) {
+    if (blob.size() < kHeader ||
+        (std::memcpy(&magic, blob.data(), 4), magic) != kLlamaSeqStateMagic) {
         fail("decoded blob without the llama.cpp sequence state header");
     }
     if (d.kind == cache::PayloadKind::FullState) {
@@ -150,16 +148,16 @@ void check_decoded(const std::vector<uint8_t>& bytes, const cache::PayloadDescri
     }
     const size_t recurrent = static_cast<size_t>(d.recurrent_bytes);
     if (blob.size() < kHeader + recurrent ||
-        std::memcmp(blob.data() + blob.size() - recurrent,
-                    bytes.data() + bytes.size() - recurrent, recurrent) != 0) {
+        std::memcmp(blob.data() + blob.size() - recurrent, bytes.data() + bytes.size() - recurrent,
+                    recurrent) != 0) {
         fail("kv-recurrent decode changed the recurrent section");
     }
 }
 
 void synthetic(FuzzedDataProvider& in) {
     stage::PayloadLayout layout;
-    layout.kind = in.ConsumeBool() ? cache::PayloadKind::KvRecurrent
-                                   : cache::PayloadKind::FullState;
+    layout.kind =
+        in.ConsumeBool() ? cache::PayloadKind::KvRecurrent : cache::PayloadKind::FullState;
     layout.n_layer = in.ConsumeIntegralInRange<int32_t>(0, 64);
     layout.k_type = pick_type(in);
     layout.v_type = in.ConsumeBool() ? layout.k_type : pick_type(in);

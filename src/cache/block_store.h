@@ -102,7 +102,7 @@ const char* to_string(ReconstructError error);
 
 // Reconstructed payload bytes; shares ownership of the underlying buffer.
 class PayloadBytes {
-   public:
+  public:
     PayloadBytes() = default;
     PayloadBytes(std::shared_ptr<const uint8_t[]> owner, size_t size, bool zero_copy)
         : owner_(std::move(owner)), size_(size), zero_copy_(zero_copy) {}
@@ -113,7 +113,7 @@ class PayloadBytes {
     // True if these are the stored block's own bytes (single-block payload, no copy).
     bool zero_copy() const { return zero_copy_; }
 
-   private:
+  private:
     std::shared_ptr<const uint8_t[]> owner_;
     size_t size_ = 0;
     bool zero_copy_ = false;
@@ -142,14 +142,14 @@ struct PreparedPayload {
 
 // The blocks of one payload, held by shared ownership (valid after the store changes).
 class PayloadSnapshot {
-   public:
+  public:
     ReconstructResult reconstruct(bool verify = true) const;
     // Copies the payload into `out` (resized to size(); reuse it across calls to avoid
     // page-faulting a fresh buffer each time). On error `out` holds no valid payload.
     ReconstructError reconstruct_into(std::vector<uint8_t>& out, bool verify = true) const;
     uint64_t size() const { return size_; }
 
-   private:
+  private:
     friend class BlockStore;
     struct Part {
         std::shared_ptr<uint8_t[]> data;
@@ -173,7 +173,7 @@ struct BlockStoreStats {
 };
 
 class BlockStore {
-   public:
+  public:
     explicit BlockStore(BlockStoreOptions options = {});
 
     // Cuts and hashes; thread-safe. `cuts` are byte offsets where a block must end.
@@ -205,7 +205,7 @@ class BlockStore {
     // The next commit fails with InjectedFailure after storing `blocks` blocks.
     void debug_fail_next_commit_after(size_t blocks) { fail_after_ = blocks; }
 
-   private:
+  private:
     struct Block {
         std::shared_ptr<uint8_t[]> data;
         size_t size = 0;

@@ -15,7 +15,7 @@ void validate(const CandidatePolicy& policy) {
 size_t floor_min(const CandidatePolicy& policy) { return std::max<size_t>(policy.min_tokens, 1); }
 
 class Ladder {
-   public:
+  public:
     Ladder(size_t exact_len, const CandidatePolicy& policy)
         : exact_len_(exact_len), policy_(policy), min_(floor_min(policy)) {}
 
@@ -40,7 +40,7 @@ class Ladder {
         return std::move(rungs_);
     }
 
-   private:
+  private:
     size_t exact_len_;
     const CandidatePolicy& policy_;
     size_t min_;

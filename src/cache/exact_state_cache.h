@@ -128,7 +128,7 @@ struct ExactStateStats {
 };
 
 class ExactStateCache final : public LeaseOwner {
-   public:
+  public:
     explicit ExactStateCache(ExactStateCacheOptions options = {});
     ~ExactStateCache();
     ExactStateCache(const ExactStateCache&) = delete;
@@ -172,7 +172,7 @@ class ExactStateCache final : public LeaseOwner {
 
     void release_lease(EntryId entry) noexcept override;
 
-   private:
+  private:
     struct Record {
         PageId page;
         PayloadDescriptor descriptor;

@@ -22,7 +22,7 @@
 namespace skippy::cache {
 
 class LabelledFieldHasher {
-   public:
+  public:
     explicit LabelledFieldHasher(Sha256& sha) : sha_(sha) {}
 
     void bytes(std::string_view label, std::span<const uint8_t> value);
@@ -32,7 +32,7 @@ class LabelledFieldHasher {
     void boolean(std::string_view label, bool value);
     void absent(std::string_view label);
 
-   private:
+  private:
     void header(std::string_view label, bool present);
     void raw_u64(uint64_t v);
 

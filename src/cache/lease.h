@@ -20,15 +20,15 @@ using EntryId = uint64_t;
 inline constexpr EntryId kNoEntry = 0;
 
 class LeaseOwner {
-   public:
+  public:
     virtual void release_lease(EntryId entry) noexcept = 0;
 
-   protected:
+  protected:
     ~LeaseOwner() = default;
 };
 
 class Lease {
-   public:
+  public:
     Lease() = default;
     Lease(LeaseOwner* owner, EntryId entry) : owner_(owner), entry_(entry) {}
     ~Lease() { reset(); }
@@ -60,7 +60,7 @@ class Lease {
     bool held() const { return owner_ != nullptr; }
     explicit operator bool() const { return held(); }
 
-   private:
+  private:
     LeaseOwner* owner_ = nullptr;
     EntryId entry_ = kNoEntry;
 };

@@ -46,7 +46,7 @@ struct IdentityFields {
 std::string current_platform();
 
 class NamespaceId {
-   public:
+  public:
     NamespaceId() = default;
     static NamespaceId from_fields(const IdentityFields& fields);
     static NamespaceId from_digest(const Digest& digest) { return NamespaceId(digest); }
@@ -58,7 +58,7 @@ class NamespaceId {
 
     auto operator<=>(const NamespaceId&) const = default;
 
-   private:
+  private:
     explicit NamespaceId(const Digest& digest) : digest_(digest) {}
     Digest digest_{};
 };

@@ -19,7 +19,7 @@
 namespace skippy::cache {
 
 class PageId {
-   public:
+  public:
     constexpr PageId() = default;
     constexpr explicit PageId(uint64_t value) : value_(value) {}
 
@@ -31,7 +31,7 @@ class PageId {
 
     auto operator<=>(const PageId&) const = default;
 
-   private:
+  private:
     uint64_t value_ = 0;
 };
 

@@ -62,7 +62,7 @@ std::vector<PrefixIdentity> identities_for_lengths(const NamespaceId& ns, uint32
 
 // Streaming form: append tokens in any slicing, ask for the identity of what was appended.
 class PrefixHasher {
-   public:
+  public:
     PrefixHasher(const NamespaceId& ns, uint32_t token_start,
                  size_t chunk_tokens = kDefaultChunkTokens);
 
@@ -71,7 +71,7 @@ class PrefixHasher {
     // Identity of all tokens appended so far (does not change the state).
     PrefixIdentity identity();
 
-   private:
+  private:
     Sha256 sha_;
     size_t chunk_tokens_;
     uint32_t token_start_;

@@ -644,6 +644,23 @@ std::vector<EntryInfo> RadixIndex::entries(ComponentKind kind) const {
 
 size_t RadixIndex::size(ComponentKind kind) const { return count_[kind_index(kind)]; }
 
+size_t RadixIndex::distinct_token_count() const {
+    size_t n = 0;
+    std::vector<const Node*> stack;
+    for (const auto& [ns, tree] : trees_) {
+        stack.push_back(tree->root.get());
+    }
+    while (!stack.empty()) {
+        const Node* node = stack.back();
+        stack.pop_back();
+        n += node->edge.size();
+        for (const auto& c : node->children) {
+            stack.push_back(c.get());
+        }
+    }
+    return n;
+}
+
 size_t RadixIndex::node_count() const {
     size_t n = 0;
     std::vector<const Node*> stack;

@@ -114,7 +114,7 @@ struct RemoveIfResult {
 };
 
 class RadixIndex final : public LeaseOwner {
-   public:
+  public:
     RadixIndex();
     ~RadixIndex();
     RadixIndex(const RadixIndex&) = delete;
@@ -169,12 +169,14 @@ class RadixIndex final : public LeaseOwner {
     size_t size() const { return size(ComponentKind::Resident) + size(ComponentKind::Exact); }
     size_t namespace_count() const { return trees_.size(); }
     size_t node_count() const;
+    // Tokens on all stored paths, each shared prefix counted once (sum of edge lengths).
+    size_t distinct_token_count() const;
     uint64_t clock() const { return clock_; }
 
     // Structural self-check for tests: nullopt if consistent, else a description.
     std::optional<std::string> check_invariants() const;
 
-   private:
+  private:
     struct Node;
     struct Tree;
     struct Entry;

@@ -56,7 +56,7 @@ struct RecordQueueCounters {
 };
 
 class RecordQueue {
-   public:
+  public:
     explicit RecordQueue(RecordQueueOptions options = {});
     ~RecordQueue();
     RecordQueue(const RecordQueue&) = delete;
@@ -74,7 +74,7 @@ class RecordQueue {
     RecordQueueCounters counters() const;
     size_t capacity() const { return options_.capacity; }
 
-   private:
+  private:
     Admission admission_locked(PageId page) const;
     void worker_loop();
 

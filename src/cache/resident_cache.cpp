@@ -206,6 +206,7 @@ ResidentStats ResidentCache::stats() const {
     ResidentStats s = counters_;
     s.entries = index_.size(ComponentKind::Resident);
     s.tokens = tokens_;
+    s.distinct_tokens = index_.distinct_token_count();
     s.free_seq_ids = free_.size();
     s.pending_drop = pending_drop_.size();
     return s;

@@ -96,7 +96,8 @@ struct ResidentRemoveResult {
 
 struct ResidentStats {
     size_t entries = 0;
-    size_t tokens = 0;
+    size_t tokens = 0;           // sum of stored lengths (what the token budget bounds)
+    size_t distinct_tokens = 0;  // shared prefixes counted once: KV cells when copies share them
     size_t free_seq_ids = 0;
     size_t pending_drop = 0;  // evicted, waiting for confirm_dropped
     uint64_t inserts = 0;
@@ -106,7 +107,7 @@ struct ResidentStats {
 };
 
 class ResidentCache final : public LeaseOwner {
-   public:
+  public:
     explicit ResidentCache(ResidentCacheOptions options);
     ResidentCache(const ResidentCache&) = delete;
     ResidentCache& operator=(const ResidentCache&) = delete;
@@ -136,7 +137,7 @@ class ResidentCache final : public LeaseOwner {
 
     void release_lease(EntryId entry) noexcept override;
 
-   private:
+  private:
     void evict_one_locked(const RemovedEntry& removed, std::vector<int32_t>& out);
     int32_t take_seq_id(std::vector<int32_t>& evicted_here);
 

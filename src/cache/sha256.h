@@ -20,7 +20,7 @@ struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of this header.
 namespace skippy::cache {
 
 class Sha256 {
-   public:
+  public:
     Sha256();
     ~Sha256();
     Sha256(Sha256&& other) noexcept;
@@ -36,7 +36,7 @@ class Sha256 {
 
     static Digest of(std::span<const uint8_t> bytes);
 
-   private:
+  private:
     void restart();
 
     evp_md_ctx_st* ctx_ = nullptr;

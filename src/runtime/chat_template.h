@@ -21,7 +21,7 @@ struct ChatMessage {
 };
 
 class ChatTemplate {
-public:
+  public:
     // template_override: a Jinja template to use instead of the GGUF's (empty = from model).
     explicit ChatTemplate(const Model& model, const std::string& template_override = "");
     ~ChatTemplate();
@@ -34,7 +34,7 @@ public:
     const std::vector<std::string>& additional_stops() const { return additional_stops_; }
     const std::string& source() const { return source_; }
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
     std::vector<std::string> additional_stops_;

@@ -32,7 +32,8 @@ struct InferenceContext::BatchStorage {
 InferenceContext::InferenceContext(const Model& model, const ContextOptions& options)
     : model_(model), options_(options) {
     if (options_.n_threads <= 0) {
-        options_.n_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+        options_.n_threads =
+            static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     }
     if (options_.n_seq_max == 0 || options_.n_seq_max > 256) {
         throw std::invalid_argument("n_seq_max must be in [1, 256]");

@@ -22,11 +22,11 @@ using SeqId = int32_t;
 using Pos = int32_t;
 
 struct ContextOptions {
-    uint32_t n_ctx = 4096;     // total KV cells, shared by all sequences (unified KV)
-    uint32_t n_seq_max = 4;    // lanes + spare cache sequences
-    uint32_t n_batch = 512;    // max tokens per llama_decode call
+    uint32_t n_ctx = 4096;   // total KV cells, shared by all sequences (unified KV)
+    uint32_t n_seq_max = 4;  // lanes + spare cache sequences
+    uint32_t n_batch = 512;  // max tokens per llama_decode call
     uint32_t n_ubatch = 512;
-    int32_t n_threads = 0;     // 0 = hardware concurrency
+    int32_t n_threads = 0;  // 0 = hardware concurrency
     bool flash_attn = false;
     std::string type_k = "f16";
     std::string type_v = "f16";
@@ -39,7 +39,7 @@ enum class StateScope {
 };
 
 class InferenceContext {
-public:
+  public:
     InferenceContext(const Model& model, const ContextOptions& options);
     ~InferenceContext();
     InferenceContext(const InferenceContext&) = delete;
@@ -78,7 +78,7 @@ public:
 
     llama_context* raw() const { return ctx_; }
 
-private:
+  private:
     const Model& model_;
     ContextOptions options_;
     llama_context* ctx_ = nullptr;

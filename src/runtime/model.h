@@ -35,9 +35,10 @@ struct ModelLoadOptions {
 };
 
 class Model {
-public:
+  public:
     // Throws std::runtime_error when the file is missing or not a loadable GGUF.
-    static std::unique_ptr<Model> load(const std::string& path, const ModelLoadOptions& options = {});
+    static std::unique_ptr<Model> load(const std::string& path,
+                                       const ModelLoadOptions& options = {});
     ~Model();
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
@@ -65,7 +66,7 @@ public:
     llama_model* raw() const { return model_; }
     const llama_vocab* vocab() const { return vocab_; }
 
-private:
+  private:
     Model() = default;
     llama_model* model_ = nullptr;
     const llama_vocab* vocab_ = nullptr;

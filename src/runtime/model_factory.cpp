@@ -13,8 +13,8 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
-#include "runtime/model.h"
 #include "runtime/greedy_probe.h"
+#include "runtime/model.h"
 
 namespace skippy::runtime {
 namespace {

@@ -31,7 +31,7 @@ struct SamplingParams {
 };
 
 class Sampler {
-public:
+  public:
     // Throws std::invalid_argument when the grammar does not parse.
     Sampler(const Model& model, const SamplingParams& params);
     ~Sampler();
@@ -42,7 +42,7 @@ public:
     // Feed prompt tokens to history-aware samplers (penalties).
     void accept(Token token);
 
-private:
+  private:
     llama_sampler* chain_ = nullptr;
 };
 

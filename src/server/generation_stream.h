@@ -31,16 +31,16 @@ struct GenerationStats {
 struct StreamEvent {
     enum class Kind { Delta, Done, Error };
     Kind kind = Kind::Delta;
-    std::string text;                          // Delta: new text
-    std::vector<runtime::Token> tokens;        // Delta: tokens that produced it
-    GenerationStats stats;                     // Done
-    int http_status = 500;                     // Error
-    std::string error_type;                    // Error
-    std::string error_message;                 // Error
+    std::string text;                    // Delta: new text
+    std::vector<runtime::Token> tokens;  // Delta: tokens that produced it
+    GenerationStats stats;               // Done
+    int http_status = 500;               // Error
+    std::string error_type;              // Error
+    std::string error_message;           // Error
 };
 
 class GenerationStream {
-public:
+  public:
     // ---- producer side (scheduler thread) ----
     void push_delta(std::string text, std::vector<runtime::Token> tokens);
     void finish(const GenerationStats& stats);
@@ -55,7 +55,7 @@ public:
     bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
     bool closed() const;
 
-private:
+  private:
     void push(StreamEvent event);
     mutable std::mutex mutex_;
     std::condition_variable ready_;

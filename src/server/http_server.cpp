@@ -85,8 +85,7 @@ std::string trim(const std::string& text) {
 
 // "application/json", with any parameters ("; charset=utf-8") and in any letter case.
 bool is_json_media_type(const std::string& content_type) {
-    return ascii_lower(trim(content_type.substr(0, content_type.find(';')))) ==
-           "application/json";
+    return ascii_lower(trim(content_type.substr(0, content_type.find(';')))) == "application/json";
 }
 
 // The token of an "Authorization: Bearer TOKEN" header (the scheme is case-insensitive);
@@ -120,8 +119,7 @@ struct HttpServer::Impl {
           extra_metrics(std::move(m)) {}
 
     void setup();
-    void handle_generation(Endpoint endpoint, const httplib::Request& req,
-                           httplib::Response& res);
+    void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
     void respond_blocking(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
                           const httplib::Request& req, httplib::Response& res);
     void respond_streaming(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
@@ -136,11 +134,11 @@ struct HttpServer::Impl {
 
 void HttpServer::Impl::setup() {
     server.set_payload_max_length(options.max_body_bytes);
-    const int threads = options.handler_threads > 0
-                            ? options.handler_threads
-                            : static_cast<int>(std::min<uint32_t>(
-                                  256, scheduler.options().lanes +
-                                           scheduler.options().max_queue_depth + 4));
+    const int threads =
+        options.handler_threads > 0
+            ? options.handler_threads
+            : static_cast<int>(std::min<uint32_t>(
+                  256, scheduler.options().lanes + scheduler.options().max_queue_depth + 4));
     server.new_task_queue = [threads] {
         return new httplib::ThreadPool(static_cast<size_t>(threads));
     };
@@ -227,9 +225,10 @@ void HttpServer::Impl::setup() {
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
         res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
-    server.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-        handle_generation(Endpoint::ChatCompletions, req, res);
-    });
+    server.Post("/v1/chat/completions",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                    handle_generation(Endpoint::ChatCompletions, req, res);
+                });
     server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
         handle_generation(Endpoint::Completions, req, res);
     });
@@ -335,8 +334,7 @@ void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Reque
         case Admission::QueueFull:
             res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
             send_error(res, 429, "rate_limit_error",
-                       "Server is busy: the request queue is full, retry later", "",
-                       "queue_full");
+                       "Server is busy: the request queue is full, retry later", "", "queue_full");
             return;
         case Admission::Stopped:
             res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
@@ -402,11 +400,11 @@ void HttpServer::Impl::respond_blocking(const ParsedRequest& parsed,
                 return;
             case StreamEvent::Kind::Done:
                 res.set_content(
-                    dump_json(response_object(parsed, random_id(parsed.endpoint ==
-                                                                        Endpoint::ChatCompletions
-                                                                    ? "chatcmpl-"
-                                                                    : "cmpl-"),
-                                              text, tokens, event->stats)),
+                    dump_json(response_object(
+                        parsed,
+                        random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-"
+                                                                               : "cmpl-"),
+                        text, tokens, event->stats)),
                     "application/json");
                 return;
         }
@@ -433,8 +431,8 @@ void HttpServer::Impl::respond_streaming(const ParsedRequest& parsed,
             };
             if (parsed.endpoint == Endpoint::ChatCompletions && !*role_sent) {
                 *role_sent = true;
-                if (!write(sse(chunk_object(parsed, id, json{{"role", "assistant"}, {"content", ""}},
-                                            nullptr)))) {
+                if (!write(sse(chunk_object(
+                        parsed, id, json{{"role", "assistant"}, {"content", ""}}, nullptr)))) {
                     return false;
                 }
             }
@@ -467,8 +465,8 @@ void HttpServer::Impl::respond_streaming(const ParsedRequest& parsed,
                     continue;
                 }
                 if (event->kind == StreamEvent::Kind::Error) {
-                    write(sse(error_body(event->http_status, event->error_type,
-                                         event->error_message)));
+                    write(sse(
+                        error_body(event->http_status, event->error_type, event->error_message)));
                     sink.done();
                     return true;
                 }

@@ -25,7 +25,7 @@ struct HttpServerOptions {
 };
 
 class HttpServer {
-public:
+  public:
     HttpServer(HttpServerOptions options, Scheduler& scheduler, const OpenAiRequestParser& parser,
                std::string model_id, std::function<std::string()> extra_metrics = {});
     ~HttpServer();
@@ -36,7 +36,7 @@ public:
     void listen();
     void stop();
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

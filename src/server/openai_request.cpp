@@ -32,8 +32,8 @@ double number_field(const json& body, const char* name, double fallback, double 
     }
     const double v = value->get<double>();
     if (!std::isfinite(v) || v < min || v > max) {
-        throw invalid_request(std::string("'") + name + "' must be between " +
-                                  std::to_string(min) + " and " + std::to_string(max),
+        throw invalid_request(std::string("'") + name + "' must be between " + std::to_string(min) +
+                                  " and " + std::to_string(max),
                               name);
     }
     return v;
@@ -53,8 +53,8 @@ int64_t integer_field(const json& body, const char* name, int64_t fallback, int6
     }
     const int64_t v = value->get<int64_t>();
     if (v < min || v > max) {
-        throw invalid_request(std::string("'") + name + "' must be between " +
-                                  std::to_string(min) + " and " + std::to_string(max),
+        throw invalid_request(std::string("'") + name + "' must be between " + std::to_string(min) +
+                                  " and " + std::to_string(max),
                               name);
     }
     return v;
@@ -118,8 +118,7 @@ void check_grammar_repetition(const std::string& g, size_t open) {
     const auto min_times = grammar_number(g, i);
     if (!min_times) {
         if (i > min_digits) {
-            throw invalid_request("'grammar' has a repetition count that is too large",
-                                  "grammar");
+            throw invalid_request("'grammar' has a repetition count that is too large", "grammar");
         }
         return;  // not a repetition: llama.cpp reports the syntax error
     }
@@ -144,9 +143,9 @@ void check_grammar_repetition(const std::string& g, size_t open) {
 // character classes and comments are skipped, so parentheses inside them do not count.
 void check_grammar(const std::string& grammar, const RequestLimits& limits) {
     if (grammar.size() > limits.max_grammar_bytes) {
-        throw invalid_request("'grammar' is longer than " +
-                                  std::to_string(limits.max_grammar_bytes) + " bytes",
-                              "grammar");
+        throw invalid_request(
+            "'grammar' is longer than " + std::to_string(limits.max_grammar_bytes) + " bytes",
+            "grammar");
     }
     enum class State { Normal, Literal, CharClass, Comment };
     State state = State::Normal;
@@ -221,7 +220,7 @@ size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<run
 
 // Maps byte offsets of a prompt's text to token counts of its tokenization.
 class TokenTextMap {
-public:
+  public:
     TokenTextMap(const runtime::Model& model, const std::vector<runtime::Token>& tokens,
                  const std::string& text) {
         ends_.reserve(tokens.size() + 1);
@@ -245,7 +244,7 @@ public:
         return static_cast<size_t>(it - ends_.begin()) - 1;
     }
 
-private:
+  private:
     std::vector<size_t> ends_;
     size_t lead_ = 0;
     bool valid_ = false;
@@ -278,11 +277,10 @@ void OpenAiRequestParser::check_text_fits(size_t text_bytes, const char* param) 
 
 void OpenAiRequestParser::check_prompt_fits(size_t n_tokens, const char* param) const {
     if (n_tokens >= limits_.n_ctx) {
-        throw context_length_exceeded("prompt has " + std::to_string(n_tokens) +
-                                          " tokens, the context holds " +
-                                          std::to_string(limits_.n_ctx) +
-                                          " (prompt + completion must fit)",
-                                      param);
+        throw context_length_exceeded(
+            "prompt has " + std::to_string(n_tokens) + " tokens, the context holds " +
+                std::to_string(limits_.n_ctx) + " (prompt + completion must fit)",
+            param);
     }
 }
 
@@ -347,17 +345,16 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
     int64_t max_tokens = integer_field(body, "max_tokens", -1, 1, 1 << 30);
     max_tokens = integer_field(body, "max_completion_tokens", max_tokens, 1, 1 << 30);
     if (max_tokens > max_ctx) {
-        throw invalid_request("'max_tokens' is larger than the context (" +
-                                  std::to_string(max_ctx) + ")",
-                              "max_tokens");
+        throw invalid_request(
+            "'max_tokens' is larger than the context (" + std::to_string(max_ctx) + ")",
+            "max_tokens");
     }
     gen.max_tokens = static_cast<int32_t>(max_tokens < 0 ? max_ctx : max_tokens);
     s.temperature = static_cast<float>(number_field(body, "temperature", 1.0, 0.0, 2.0));
     s.top_p = static_cast<float>(number_field(body, "top_p", 1.0, 0.0, 1.0));
     s.top_k = static_cast<int32_t>(integer_field(body, "top_k", 0, 0, 1 << 20));
     s.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 0.0, 1.0));
-    s.presence_penalty =
-        static_cast<float>(number_field(body, "presence_penalty", 0.0, -2.0, 2.0));
+    s.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", 0.0, -2.0, 2.0));
     s.frequency_penalty =
         static_cast<float>(number_field(body, "frequency_penalty", 0.0, -2.0, 2.0));
     s.repeat_penalty = static_cast<float>(number_field(body, "repeat_penalty", 1.0, 0.0, 10.0));
@@ -403,8 +400,8 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
     if (bool_field(body, "logprobs", false)) {
         throw invalid_request("logprobs are not supported", "logprobs");
     }
-    if (const json* echo = find_field(body, "echo"); echo != nullptr && echo->is_boolean() &&
-                                                      echo->get<bool>()) {
+    if (const json* echo = find_field(body, "echo");
+        echo != nullptr && echo->is_boolean() && echo->get<bool>()) {
         throw invalid_request("echo is not supported", "echo");
     }
 }
@@ -557,7 +554,8 @@ void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out)
                     ? item.get<uint64_t>() >= static_cast<uint64_t>(model_.n_vocab())
                     : (item.get<int64_t>() < 0 || item.get<int64_t>() >= model_.n_vocab());
             if (out_of_range) {
-                throw invalid_request("token id " + item.dump() + " is outside the vocabulary (0.." +
+                throw invalid_request("token id " + item.dump() +
+                                          " is outside the vocabulary (0.." +
                                           std::to_string(model_.n_vocab() - 1) + ")",
                                       "prompt");
             }

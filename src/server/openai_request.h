@@ -45,7 +45,7 @@ struct ParsedRequest {
 };
 
 class OpenAiRequestParser {
-public:
+  public:
     OpenAiRequestParser(const runtime::Model& model, const runtime::ChatTemplate& chat_template,
                         std::vector<std::string> model_ids, RequestLimits limits);
 
@@ -54,7 +54,7 @@ public:
     // Just the JSON-level validation + rendering (no tokenization), exposed for the fuzzer.
     std::vector<runtime::ChatMessage> parse_messages(const nlohmann::json& messages) const;
 
-private:
+  private:
     void parse_common(const nlohmann::json& body, ParsedRequest& out) const;
     void parse_chat(const nlohmann::json& body, ParsedRequest& out) const;
     void parse_completion(const nlohmann::json& body, ParsedRequest& out) const;

@@ -32,15 +32,15 @@ struct Scheduler::Slot {
     std::unique_ptr<runtime::Sampler> sampler;
     stage::PromptInfo prompt_info;
     std::vector<runtime::Token> lane_tokens;  // tokens whose state is in the lane
-    std::vector<int32_t> checkpoints;  // prefill pause positions, ascending
-    std::set<int32_t> is_checkpoint;   // the pauses where the stage records
+    std::vector<int32_t> checkpoints;         // prefill pause positions, ascending
+    std::set<int32_t> is_checkpoint;          // the pauses where the stage records
     size_t next_checkpoint = 0;
     int32_t deferred_checkpoint = 0;  // prompt-end checkpoint, recorded after the first token
     bool generating = false;
-    bool post_turn = false;  // reply delivered; prefilling the canonical end of the turn
+    bool post_turn = false;            // reply delivered; prefilling the canonical end of the turn
     runtime::Token pending_token = 0;  // sampled, not decoded yet
-    int32_t n_sampled = 0;       // tokens sampled, including a final end-of-generation token
-    int32_t n_reply_tokens = 0;  // tokens of the reply (reported as completion_tokens)
+    int32_t n_sampled = 0;             // tokens sampled, including a final end-of-generation token
+    int32_t n_reply_tokens = 0;        // tokens of the reply (reported as completion_tokens)
     std::optional<TextOutput> output;
     std::vector<runtime::Token> unsent_tokens;
     GenerationStats stats;
@@ -486,7 +486,8 @@ void Scheduler::step() {
         const bool prompt_done = p.end == static_cast<int32_t>(prompt.size());
         while (slot.next_checkpoint < slot.checkpoints.size() &&
                slot.checkpoints[slot.next_checkpoint] <= p.end) {
-            if (slot.checkpoints[slot.next_checkpoint] == p.end && slot.is_checkpoint.count(p.end)) {
+            if (slot.checkpoints[slot.next_checkpoint] == p.end &&
+                slot.is_checkpoint.count(p.end)) {
                 if (prompt_done && !slot.post_turn) {
                     // Export after the first token is out: the state does not change until
                     // the sampled token is decoded, and TTFT should not pay for the export.

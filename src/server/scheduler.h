@@ -70,7 +70,7 @@ struct SchedulerStats {
 enum class Admission { Accepted, QueueFull, Stopped };
 
 class Scheduler {
-public:
+  public:
     Scheduler(const runtime::Model& model, SchedulerOptions options,
               std::unique_ptr<stage::StageBackend> stage);
     ~Scheduler();
@@ -86,7 +86,7 @@ public:
     const SchedulerOptions& options() const { return options_; }
     stage::StageBackend& stage() { return *stage_; }
 
-private:
+  private:
     struct Pending;
     struct Slot;
     void run();

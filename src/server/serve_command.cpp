@@ -103,7 +103,8 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
         ->default_val(queue_timeout_ms);
     auto& cache = c.cache;
     app.add_option_function<std::string>(
-           "--cache-mode", [&cache](const std::string& v) { cache.mode = stage::parse_cache_mode(v); },
+           "--cache-mode",
+           [&cache](const std::string& v) { cache.mode = stage::parse_cache_mode(v); },
            "prefix cache: off | record | lookup-record")
         ->envname("SKIPPY_CACHE_MODE")
         ->default_str(stage::cache_mode_name(cache.mode));

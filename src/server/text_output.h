@@ -10,7 +10,7 @@
 namespace skippy::server {
 
 class TextOutput {
-public:
+  public:
     explicit TextOutput(std::vector<std::string> stop_strings);
 
     // Appends a token's text. Returns true when a stop string was found (the text is then
@@ -22,7 +22,7 @@ public:
     std::string take_rest();
     const std::string& text() const { return text_; }
 
-private:
+  private:
     std::vector<std::string> stop_strings_;
     size_t max_stop_len_ = 0;
     std::string text_;

@@ -13,15 +13,15 @@ enum class PayloadChoice { Auto, ResidentKv, KvRecurrent, FullState };
 struct CacheConfig {
     CacheMode mode = CacheMode::LookupRecord;
     PayloadChoice payload = PayloadChoice::Auto;
-    uint32_t max_entries = 256;                  // exact-state entries
-    uint64_t max_bytes = 2ull << 30;             // exact-state physical bytes
-    uint32_t resident_max_entries = 8;           // spare KV sequences for resident prefixes
-    uint32_t resident_token_budget = 0;          // 0 = the context size (cells are shared)
+    uint32_t max_entries = 256;          // exact-state entries
+    uint64_t max_bytes = 2ull << 30;     // exact-state physical bytes
+    uint32_t resident_max_entries = 8;   // spare KV sequences for resident prefixes
+    uint32_t resident_token_budget = 0;  // 0 = the context size (cells are shared)
     uint32_t min_tokens = 64;
     uint32_t stride = 128;
     uint32_t record_limit = 6;
     uint32_t record_queue_capacity = 8;
-    std::string events_log_path;                 // JSON-lines telemetry; empty = off
+    std::string events_log_path;  // JSON-lines telemetry; empty = off
 };
 
 inline CacheMode parse_cache_mode(const std::string& s) {
@@ -36,24 +36,32 @@ inline PayloadChoice parse_payload_choice(const std::string& s) {
     if (s == "resident-kv") return PayloadChoice::ResidentKv;
     if (s == "kv-recurrent") return PayloadChoice::KvRecurrent;
     if (s == "full-state") return PayloadChoice::FullState;
-    throw std::invalid_argument("cache payload must be auto, resident-kv, kv-recurrent or full-state");
+    throw std::invalid_argument(
+        "cache payload must be auto, resident-kv, kv-recurrent or full-state");
 }
 
 inline const char* cache_mode_name(CacheMode m) {
     switch (m) {
-        case CacheMode::Off: return "off";
-        case CacheMode::Record: return "record";
-        case CacheMode::LookupRecord: return "lookup-record";
+        case CacheMode::Off:
+            return "off";
+        case CacheMode::Record:
+            return "record";
+        case CacheMode::LookupRecord:
+            return "lookup-record";
     }
     return "?";
 }
 
 inline const char* payload_choice_name(PayloadChoice p) {
     switch (p) {
-        case PayloadChoice::Auto: return "auto";
-        case PayloadChoice::ResidentKv: return "resident-kv";
-        case PayloadChoice::KvRecurrent: return "kv-recurrent";
-        case PayloadChoice::FullState: return "full-state";
+        case PayloadChoice::Auto:
+            return "auto";
+        case PayloadChoice::ResidentKv:
+            return "resident-kv";
+        case PayloadChoice::KvRecurrent:
+            return "kv-recurrent";
+        case PayloadChoice::FullState:
+            return "full-state";
     }
     return "?";
 }

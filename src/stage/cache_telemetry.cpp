@@ -106,12 +106,18 @@ void CacheTelemetry::record(const RecordEvent& e) {
     exact_evictions_ += e.decision == "stored" ? e.evicted : 0;
     resident_evictions_ += e.decision == "resident_inserted" ? e.evicted : 0;
     if (log_ != nullptr) {
-        nlohmann::json j = {{"ts", now_unix_seconds()},     {"event", "record"},
-                            {"decision", e.decision},        {"page_id", e.page_id},
-                            {"payload", e.payload},          {"tokens", e.tokens},
-                            {"bytes", e.bytes},              {"new_blocks", e.new_blocks},
-                            {"reused_blocks", e.reused_blocks}, {"export_ms", e.export_ms},
-                            {"hash_ms", e.hash_ms},          {"evicted", e.evicted},
+        nlohmann::json j = {{"ts", now_unix_seconds()},
+                            {"event", "record"},
+                            {"decision", e.decision},
+                            {"page_id", e.page_id},
+                            {"payload", e.payload},
+                            {"tokens", e.tokens},
+                            {"bytes", e.bytes},
+                            {"new_blocks", e.new_blocks},
+                            {"reused_blocks", e.reused_blocks},
+                            {"export_ms", e.export_ms},
+                            {"hash_ms", e.hash_ms},
+                            {"evicted", e.evicted},
                             {"entries", e.entries}};
         if (!e.reason.empty()) {
             j["reason"] = e.reason;
@@ -128,8 +134,7 @@ std::string CacheTelemetry::metrics_text() const {
         << "skippy_cache_lookups_total{decision=\"resident_hit\"} " << resident_hits_ << "\n"
         << "skippy_cache_lookups_total{decision=\"miss\"} " << misses_ << "\n"
         << "skippy_cache_lookups_total{decision=\"exact_error\"} " << exact_errors_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"resident_error\"} " << resident_errors_
-        << "\n";
+        << "skippy_cache_lookups_total{decision=\"resident_error\"} " << resident_errors_ << "\n";
     auto counter = [&](const char* name, const char* help, uint64_t v) {
         out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n"
             << name << ' ' << v << "\n";

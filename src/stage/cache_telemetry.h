@@ -18,8 +18,8 @@ namespace skippy::stage {
 struct LookupEvent {
     std::string decision;  // exact_hit, resident_hit, miss, exact_error, resident_error, skipped
     std::string page_id;
-    std::string payload;   // resident-kv / kv-recurrent / full-state
-    std::string reason;    // for errors and skips
+    std::string payload;  // resident-kv / kv-recurrent / full-state
+    std::string reason;   // for errors and skips
     int32_t prompt_tokens = 0;
     int32_t restored_tokens = 0;
     int32_t suffix_tokens = 0;
@@ -48,7 +48,7 @@ struct RecordEvent {
 };
 
 class CacheTelemetry {
-public:
+  public:
     explicit CacheTelemetry(const std::string& events_log_path);
     ~CacheTelemetry();
 
@@ -64,7 +64,7 @@ public:
     uint64_t misses() const { return misses_; }
     uint64_t quarantines() const { return quarantines_; }
 
-private:
+  private:
     void write_line(const std::string& line);
 
     std::FILE* log_ = nullptr;
@@ -74,8 +74,8 @@ private:
     std::atomic<uint64_t> records_queued_{0}, records_stored_{0}, records_dropped_{0},
         records_failed_{0}, records_present_{0}, resident_inserts_{0}, resident_evictions_{0},
         exact_evictions_{0};
-    static constexpr std::array<double, 10> kLatencyBucketsMs = {0.5, 1,   2.5, 5,    10,
-                                                                 25,  50,  100, 250, 1000};
+    static constexpr std::array<double, 10> kLatencyBucketsMs = {0.5, 1,  2.5, 5,   10,
+                                                                 25,  50, 100, 250, 1000};
     std::array<std::atomic<uint64_t>, kLatencyBucketsMs.size()> restore_buckets_{};
     std::atomic<uint64_t> restore_count_{0};
     std::atomic<uint64_t> restore_sum_us_{0};

@@ -18,12 +18,12 @@ constexpr size_t kCellMetaBytes = 12;
 // when the cache has one (M-RoPE models such as qwen35, PLE n-gram models). The section does
 // not say whether it does, so both layouts are tried (see parse_llama_kv).
 constexpr uint32_t kCellExtBytes = 12;
-constexpr size_t kFixedHeaderBytes = 16;               // magic, version, mode, page tokens, fp
+constexpr size_t kFixedHeaderBytes = 16;                   // magic, version, mode, page tokens, fp
 constexpr size_t kPagedFixedBytes = 6 * sizeof(uint32_t);  // n_tokens .. ext bytes
-constexpr size_t kLayerDescBytes = 16;                 // i32 type, u32, u64
+constexpr size_t kLayerDescBytes = 16;                     // i32 type, u32, u64
 
 class Reader {
-   public:
+  public:
     explicit Reader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
     template <class T>
     bool read(T& value) {
@@ -46,13 +46,13 @@ class Reader {
     size_t offset() const { return offset_; }
     size_t remaining() const { return bytes_.size() - offset_; }
 
-   private:
+  private:
     std::span<const uint8_t> bytes_;
     size_t offset_ = 0;
 };
 
 class Writer {
-   public:
+  public:
     explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
     template <class T>
     void put(const T& value) {
@@ -60,7 +60,7 @@ class Writer {
         out_.insert(out_.end(), p, p + sizeof(T));
     }
 
-   private:
+  private:
     std::vector<uint8_t>& out_;
 };
 
@@ -76,8 +76,8 @@ struct Entry {
 
 struct ParsedKv {
     uint32_t n_cells = 0;
-    uint32_t ext_bytes = 0;  // per cell; 0 = no ext
-    size_t meta_src = 0;     // offset of the first cell's metadata
+    uint32_t ext_bytes = 0;             // per cell; 0 = no ext
+    size_t meta_src = 0;                // offset of the first cell's metadata
     std::vector<uint32_t> cell_of_pos;  // cell index (in the section) holding position p
     bool v_trans = false;
     std::vector<Entry> k;
@@ -528,8 +528,8 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
     const size_t ext = info.cell_ext_bytes;
     const size_t meta_at = base + 2 * sizeof(uint32_t);  // first cell's metadata
     const size_t meta_stride = kCellMetaBytes + ext;
-    size_t size = 2 * sizeof(uint32_t) + static_cast<size_t>(n) * meta_stride +
-                  2 * sizeof(uint32_t);
+    size_t size =
+        2 * sizeof(uint32_t) + static_cast<size_t>(n) * meta_stride + 2 * sizeof(uint32_t);
     std::vector<size_t> k_at;  // offset (in out) of each K layer's first row
     std::vector<size_t> v_at;
     for (const Entry& e : h->k) {

@@ -152,8 +152,7 @@ RestoreResult PrefixCacheStage::restore(runtime::InferenceContext& context, SeqI
 
 RestoreResult PrefixCacheStage::restore_resident(runtime::InferenceContext& context, SeqId lane,
                                                  const PromptInfo& prompt,
-                                                 const cache::NamespaceId& ns,
-                                                 LookupEvent& event) {
+                                                 const cache::NamespaceId& ns, LookupEvent& event) {
     const auto t0 = Clock::now();
     const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
     std::optional<cache::ResidentHit> hit = resident_->acquire_longest(ns, query);
@@ -214,8 +213,8 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
         event.bytes = recent->bytes.size();
         std::string reason;
         const auto t1 = Clock::now();
-        if (import_payload(context, lane, recent->bytes, recent->descriptor,
-                           recent->tokens.size(), reason)) {
+        if (import_payload(context, lane, recent->bytes, recent->descriptor, recent->tokens.size(),
+                           reason)) {
             event.import_ms = ms_since(t1);
             event.decision = "exact_hit";
             event.reason = "recent record (queued, not yet inserted)";
@@ -266,8 +265,8 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
 
 bool PrefixCacheStage::import_payload(runtime::InferenceContext& context, SeqId lane,
                                       std::span<const uint8_t> bytes,
-                                      const cache::PayloadDescriptor& descriptor,
-                                      size_t n_tokens, std::string& reason) {
+                                      const cache::PayloadDescriptor& descriptor, size_t n_tokens,
+                                      std::string& reason) {
     const auto blob =
         decode_payload(bytes, descriptor, static_cast<uint32_t>(n_tokens), layout_, &reason);
     if (!blob) {
@@ -329,7 +328,7 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
     }
     const cache::Admission probe = queue_->probe(page);
     if (probe != cache::Admission::Queued) {
-        event.decision = probe == cache::Admission::DroppedFull     ? "dropped_full"
+        event.decision = probe == cache::Admission::DroppedFull       ? "dropped_full"
                          : probe == cache::Admission::AlreadyInFlight ? "in_flight"
                                                                       : "worker_stopped";
         telemetry_->record(event);
@@ -347,16 +346,14 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
     }
     event.export_ms = ms_since(t0);
     event.bytes = encoded.bytes.size();
-    auto payload = std::make_shared<const cache::ExactRecordPayload>(
-        cache::ExactRecordPayload{ns, std::vector<Token>(tokens.begin(), tokens.end()), page,
-                                  encoded.descriptor, std::move(encoded.bytes),
-                                  std::move(encoded.cuts)});
+    auto payload = std::make_shared<const cache::ExactRecordPayload>(cache::ExactRecordPayload{
+        ns, std::vector<Token>(tokens.begin(), tokens.end()), page, encoded.descriptor,
+        std::move(encoded.bytes), std::move(encoded.cuts)});
     CacheTelemetry* telemetry = telemetry_.get();
     cache::ExactStateCache* exact = exact_.get();
     const RecordEvent queued_event = event;
     auto job = cache::make_exact_record_job(
-        *exact_, payload,
-        [telemetry, exact, queued_event](const cache::ExactInsertResult& r) {
+        *exact_, payload, [telemetry, exact, queued_event](const cache::ExactInsertResult& r) {
             RecordEvent done = queued_event;
             done.decision = r.stored() ? "stored" : "failed";
             if (!r.stored()) {
@@ -444,8 +441,10 @@ void PrefixCacheStage::make_room(runtime::InferenceContext& context, uint32_t n_
     if (!resident_) {
         return;
     }
-    // Estimate of used cells: resident entries + what lanes hold beyond shared prefixes.
-    uint64_t used = resident_->stats().tokens;
+    // Estimate of used cells: resident paths with shared prefixes counted once (a resident
+    // entry shares the cells of the prefix it was restored from) + what lanes hold beyond
+    // the prefix they share with a resident entry.
+    uint64_t used = resident_->stats().distinct_tokens;
     for (uint32_t lane = 0; lane < n_lanes_; ++lane) {
         const auto held = static_cast<int64_t>(context.seq_pos_max(static_cast<SeqId>(lane)) + 1);
         used += static_cast<uint64_t>(std::max<int64_t>(0, held - lane_shared_tokens_[lane]));
@@ -491,8 +490,8 @@ bool PrefixCacheStage::evict_for_space(runtime::InferenceContext& context) {
 std::string PrefixCacheStage::metrics_text() const {
     std::string out = telemetry_->metrics_text();
     auto gauge = [&](const char* name, const char* help, double v) {
-        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" +
-               name + " " + std::to_string(v) + "\n";
+        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name +
+               " " + std::to_string(v) + "\n";
     };
     if (resident_) {
         const auto s = resident_->stats();
@@ -509,7 +508,8 @@ std::string PrefixCacheStage::metrics_text() const {
                   static_cast<double>(s->blocks.physical_bytes));
             gauge("skippy_cache_logical_bytes", "Payload bytes referenced by entries.",
                   static_cast<double>(s->blocks.logical_bytes));
-            gauge("skippy_cache_blocks", "Stored blocks.", static_cast<double>(s->blocks.block_count));
+            gauge("skippy_cache_blocks", "Stored blocks.",
+                  static_cast<double>(s->blocks.block_count));
         }
         const auto q = queue_->counters();
         gauge("skippy_cache_record_queue_pending", "Record jobs queued or running.",

@@ -41,7 +41,7 @@ enum class ActivePayload { ResidentKv, KvRecurrent, FullState };
 const char* active_payload_name(ActivePayload payload);
 
 class PrefixCacheStage final : public StageBackend {
-public:
+  public:
     PrefixCacheStage(const CacheConfig& config, const runtime::Model& model,
                      const runtime::ContextOptions& context, ActivePayload payload);
     ~PrefixCacheStage() override;
@@ -71,7 +71,7 @@ public:
     cache::RecordQueue* record_queue() { return queue_.get(); }
     cache::NamespaceId namespace_for(const std::string& key) const;
 
-private:
+  private:
     bool lookups_enabled(const PromptInfo& prompt) const;
     bool records_enabled(const PromptInfo& prompt) const;
     RestoreResult restore_exact(runtime::InferenceContext& context, SeqId lane,
@@ -80,8 +80,8 @@ private:
     RestoreResult restore_resident(runtime::InferenceContext& context, SeqId lane,
                                    const PromptInfo& prompt, const cache::NamespaceId& ns,
                                    LookupEvent& event);
-    void record_exact(runtime::InferenceContext& context, SeqId lane,
-                      std::span<const Token> tokens, const cache::NamespaceId& ns);
+    void record_exact(runtime::InferenceContext& context, SeqId lane, std::span<const Token> tokens,
+                      const cache::NamespaceId& ns);
     void drop_sequences(runtime::InferenceContext& context, const std::vector<int32_t>& seqs);
 
     CacheConfig config_;

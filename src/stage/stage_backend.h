@@ -38,7 +38,7 @@ struct RestoreResult {
 };
 
 class StageBackend {
-public:
+  public:
     virtual ~StageBackend() = default;
 
     // Sequence ids beyond the lanes that the stage needs in the context (resident cache).
@@ -81,7 +81,7 @@ public:
 
 // The stage used when the prefix cache is off: every request is a miss.
 class NoCacheStage final : public StageBackend {
-public:
+  public:
     uint32_t spare_sequences() const override { return 0; }
     void attach(runtime::InferenceContext&, SeqId, uint32_t) override {}
     RestoreResult restore(runtime::InferenceContext&, SeqId, const PromptInfo&) override {

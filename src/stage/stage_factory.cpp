@@ -9,8 +9,8 @@ namespace {
 // Which payload is safe for this model; nullopt + reason when the cache must stay off.
 std::optional<ActivePayload> choose_payload(PayloadChoice choice, runtime::ModelKind kind,
                                             std::string& reason) {
-    const bool stateful = kind == runtime::ModelKind::Hybrid ||
-                          kind == runtime::ModelKind::Recurrent;
+    const bool stateful =
+        kind == runtime::ModelKind::Hybrid || kind == runtime::ModelKind::Recurrent;
     if (kind == runtime::ModelKind::Swa) {
         reason = "sliding-window attention: cached KV would not match the window, cache disabled";
         return std::nullopt;
@@ -20,8 +20,9 @@ std::optional<ActivePayload> choose_payload(PayloadChoice choice, runtime::Model
             return stateful ? ActivePayload::KvRecurrent : ActivePayload::ResidentKv;
         case PayloadChoice::ResidentKv:
             if (stateful) {
-                reason = "resident-kv is unsafe on hybrid/recurrent models (KV-only reuse gives "
-                         "wrong tokens), cache disabled";
+                reason =
+                    "resident-kv is unsafe on hybrid/recurrent models (KV-only reuse gives "
+                    "wrong tokens), cache disabled";
                 return std::nullopt;
             }
             return ActivePayload::ResidentKv;

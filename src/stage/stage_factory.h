@@ -4,12 +4,11 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
-#include <optional>
-
 #include "stage/cache_config.h"
 #include "stage/stage_backend.h"
 

@@ -38,7 +38,8 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
         throw std::runtime_error("state export returned no bytes");
     }
     check_header(full);
-    const std::span<const uint8_t> raw = std::span<const uint8_t>(full).subspan(kLlamaSeqStateHeader);
+    const std::span<const uint8_t> raw =
+        std::span<const uint8_t>(full).subspan(kLlamaSeqStateHeader);
     auto& d = out.descriptor;
     d.kind = layout.kind;
     d.token_begin = 0;
@@ -66,8 +67,7 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
     }
     {
         // The attention part is stored as token-range pages; the recurrent part as is.
-        EncodedKvPages pages =
-            encode_kv_pages(raw.first(raw.size() - recurrent_size), n_tokens);
+        EncodedKvPages pages = encode_kv_pages(raw.first(raw.size() - recurrent_size), n_tokens);
         std::vector<uint8_t> bytes = std::move(pages.bytes);
         d.kv_bytes = bytes.size();
         d.recurrent_bytes = recurrent_size;
@@ -81,10 +81,10 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
 }
 
 std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
-                                                       const cache::PayloadDescriptor& descriptor,
-                                                       uint32_t expected_tokens,
-                                                       const PayloadLayout& layout,
-                                                       std::string* reason) {
+                                                   const cache::PayloadDescriptor& descriptor,
+                                                   uint32_t expected_tokens,
+                                                   const PayloadLayout& layout,
+                                                   std::string* reason) {
     auto fail = [&](const char* why) -> std::optional<std::vector<uint8_t>> {
         if (reason != nullptr) {
             *reason = why;

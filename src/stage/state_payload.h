@@ -51,9 +51,9 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
 // Validates `bytes` against `descriptor` (kind, token range, section sizes) and returns
 // the llama.cpp blob to import; nullopt + reason when the payload is unusable.
 std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
-                                                       const cache::PayloadDescriptor& descriptor,
-                                                       uint32_t expected_tokens,
-                                                       const PayloadLayout& layout,
-                                                       std::string* reason);
+                                                   const cache::PayloadDescriptor& descriptor,
+                                                   uint32_t expected_tokens,
+                                                   const PayloadLayout& layout,
+                                                   std::string* reason);
 
 }  // namespace skippy::stage

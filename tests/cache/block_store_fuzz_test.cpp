@@ -21,7 +21,7 @@ Hash128 weak_hash(std::span<const uint8_t> bytes) {
 }
 
 class BlockStoreFuzz {
-   public:
+  public:
     BlockStoreFuzz(uint64_t seed, bool weak) : rng_(seed), store_(options(weak)) {
         for (int i = 0; i < 6; ++i) {
             chunks_.push_back(test::random_bytes(rng_, 8 + rng_() % 40));
@@ -58,7 +58,7 @@ class BlockStoreFuzz {
         ASSERT_EQ(store_.stats().block_count, 0u);
     }
 
-   private:
+  private:
     static constexpr size_t kMaxLive = 40;
     struct Live {
         Bytes bytes;

@@ -32,7 +32,7 @@ PayloadDescriptor full_state(size_t tokens, size_t bytes) {
 }
 
 class ExactStateCacheTest : public ::testing::Test {
-   protected:
+  protected:
     ExactStateCacheOptions options(size_t max_entries, uint64_t max_bytes, size_t block = 64) {
         ExactStateCacheOptions o;
         o.limits.max_entries = max_entries;

@@ -34,7 +34,7 @@ size_t lcp(const std::vector<Token>& a, std::span<const Token> b) {
 }
 
 class Model {
-   public:
+  public:
     std::map<EntryId, ModelEntry> entries;
     uint64_t clock = 0;
 
@@ -88,7 +88,7 @@ class Model {
 };
 
 class RadixFuzz {
-   public:
+  public:
     explicit RadixFuzz(uint64_t seed) : rng_(seed) {
         namespaces_.push_back(test::test_namespace());
         namespaces_.push_back(test::test_namespace("fuzz-tenant"));
@@ -147,12 +147,12 @@ class RadixFuzz {
         }
     }
 
-   private:
+  private:
     void seen(const std::string& what) { ++coverage_[what]; }
     std::map<std::string, uint64_t> coverage_;
 
-   public:
-   private:
+  public:
+  private:
     static bool HasFailure() { return ::testing::Test::HasFailure(); }
     ComponentKind random_kind() {
         return rng_() % 2 ? ComponentKind::Exact : ComponentKind::Resident;

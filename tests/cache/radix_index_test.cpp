@@ -16,7 +16,7 @@ constexpr ComponentKind kExact = ComponentKind::Exact;
 constexpr ComponentKind kResident = ComponentKind::Resident;
 
 class RadixIndexTest : public ::testing::Test {
-   protected:
+  protected:
     void TearDown() override {
         auto err = index.check_invariants();
         EXPECT_FALSE(err.has_value()) << *err;

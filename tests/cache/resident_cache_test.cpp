@@ -25,7 +25,7 @@ ResidentCacheOptions options(size_t max_entries, size_t budget) {
 }
 
 class ResidentCacheTest : public ::testing::Test {
-   protected:
+  protected:
     void check(const ResidentCache& cache) {
         auto err = cache.debug_check();
         EXPECT_FALSE(err.has_value()) << *err;

@@ -31,7 +31,7 @@ int32_t prefill(InferenceContext& ctx, SeqId seq, const std::vector<Token>& toke
 }
 
 class StateOpsTest : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     void SetUp() override {
         model_ = Model::load(model_for(GetParam()));
         ContextOptions options;

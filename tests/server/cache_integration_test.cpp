@@ -72,7 +72,7 @@ stage::CacheConfig cache_config() {
 }
 
 class CacheIntegrationTest : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     void SetUp() override {
         model_ = runtime::Model::load(model_for(GetParam()));
         std::mt19937 rng(7);
@@ -179,7 +179,8 @@ TEST_P(CacheIntegrationTest, RandomByteFlipsAcrossEntriesNeverChangeOutputs) {
     EXPECT_GT(exact->stats().quarantined, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CacheIntegrationTest, ::testing::Values("qwen35", "mamba2", "llama"),
+INSTANTIATE_TEST_SUITE_P(Models, CacheIntegrationTest,
+                         ::testing::Values("qwen35", "mamba2", "llama"),
                          [](const auto& param_info) { return param_info.param; });
 
 }  // namespace

@@ -56,9 +56,9 @@ TEST(Utf8, Validation) {
     EXPECT_TRUE(is_valid_utf8("plain"));
     EXPECT_TRUE(is_valid_utf8("\xE2\x82\xAC \xF0\x9F\x98\x80"));
     EXPECT_FALSE(is_valid_utf8("\xFF"));
-    EXPECT_FALSE(is_valid_utf8("\xE2\x82"));          // truncated
-    EXPECT_FALSE(is_valid_utf8("\xC0\xAF"));          // overlong
-    EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));      // surrogate
+    EXPECT_FALSE(is_valid_utf8("\xE2\x82"));      // truncated
+    EXPECT_FALSE(is_valid_utf8("\xC0\xAF"));      // overlong
+    EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));  // surrogate
     EXPECT_EQ(utf8_complete_prefix_length("ab\xF0\x9F"), 2u);
     EXPECT_EQ(utf8_complete_prefix_length("ab\xF0\x9F\x98\x80"), 6u);
 }

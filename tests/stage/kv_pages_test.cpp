@@ -2,6 +2,8 @@
 // (stage/state_payload.h): byte-exact round trips on real llama.cpp states (hybrid qwen35
 // with transposed and non-transposed V, dense llama, pure recurrent mamba2), restore into
 // another lane, prefix sharing in the block store, fallbacks and decode errors.
+#include "stage/kv_pages.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,7 +20,6 @@
 #include "runtime/model.h"
 #include "runtime/model_factory.h"
 #include "runtime/sampler.h"
-#include "stage/kv_pages.h"
 #include "stage/state_payload.h"
 #include "test_models.h"
 
@@ -75,7 +76,7 @@ std::vector<uint8_t> with_seq(std::vector<uint8_t> blob, int32_t seq) {
 // ---- hybrid model (qwen35), V transposed (flash attention off) and not (on) ----
 
 class HybridKvPagesTest : public ::testing::TestWithParam<bool> {
-   protected:
+  protected:
     void SetUp() override {
         model_ = Model::load(model_for("qwen35"));
         ContextOptions options;
@@ -121,7 +122,7 @@ TEST_P(HybridKvPagesTest, RoundTripReproducesTheLlamaBlob) {
         EXPECT_EQ(info->v_trans, !GetParam());  // llama.cpp transposes V without flash attn
         EXPECT_EQ(info->n_k_layers, 1u);        // one full-attention layer of four
         EXPECT_EQ(info->n_v_entries, 1u);
-        EXPECT_EQ(info->cell_ext_bytes, 12u);   // qwen35 uses M-RoPE: cells carry an ext
+        EXPECT_EQ(info->cell_ext_bytes, 12u);  // qwen35 uses M-RoPE: cells carry an ext
         EXPECT_EQ(info->bytes_per_token, 12u + 2u * 128u * 2u);  // ext + K + V rows of 128 f16
 
         // Cuts: after the header, after pages 0 and 1, between the sections.
@@ -143,8 +144,9 @@ TEST_P(HybridKvPagesTest, RoundTripReproducesTheLlamaBlob) {
                 << reason;
             EXPECT_EQ(attention, std::vector<uint8_t>(full.begin() + kSeqHeader,
                                                       full.begin() + kSeqHeader + attn));
-            EXPECT_EQ(std::vector<uint8_t>(blob->end() - (partial.size() - kSeqHeader), blob->end()),
-                      std::vector<uint8_t>(partial.begin() + kSeqHeader, partial.end()));
+            EXPECT_EQ(
+                std::vector<uint8_t>(blob->end() - (partial.size() - kSeqHeader), blob->end()),
+                std::vector<uint8_t>(partial.begin() + kSeqHeader, partial.end()));
         }
     }
 }
@@ -193,17 +195,18 @@ TEST_P(HybridKvPagesTest, LongerPrefixSharesPagesInTheBlockStore) {
     const auto stats = store.stats();
     EXPECT_LT(stats.physical_bytes, stats.logical_bytes);
     EXPECT_EQ(stats.logical_bytes - stats.physical_bytes, two_pages);
-    std::printf("[ dedup    ] flash_attn=%d: logical %llu B (128: %zu kv + %llu rec, 200: %zu kv + "
-                "%llu rec), physical %llu B, ratio %.3f, attention-only ratio %.3f\n",
-                GetParam() ? 1 : 0, static_cast<unsigned long long>(stats.logical_bytes),
-                static_cast<size_t>(a.descriptor.kv_bytes),
-                static_cast<unsigned long long>(a.descriptor.recurrent_bytes),
-                static_cast<size_t>(b.descriptor.kv_bytes),
-                static_cast<unsigned long long>(b.descriptor.recurrent_bytes),
-                static_cast<unsigned long long>(stats.physical_bytes),
-                static_cast<double>(stats.logical_bytes) / static_cast<double>(stats.physical_bytes),
-                static_cast<double>(a.descriptor.kv_bytes + b.descriptor.kv_bytes) /
-                    static_cast<double>(a.descriptor.kv_bytes + b.descriptor.kv_bytes - two_pages));
+    std::printf(
+        "[ dedup    ] flash_attn=%d: logical %llu B (128: %zu kv + %llu rec, 200: %zu kv + "
+        "%llu rec), physical %llu B, ratio %.3f, attention-only ratio %.3f\n",
+        GetParam() ? 1 : 0, static_cast<unsigned long long>(stats.logical_bytes),
+        static_cast<size_t>(a.descriptor.kv_bytes),
+        static_cast<unsigned long long>(a.descriptor.recurrent_bytes),
+        static_cast<size_t>(b.descriptor.kv_bytes),
+        static_cast<unsigned long long>(b.descriptor.recurrent_bytes),
+        static_cast<unsigned long long>(stats.physical_bytes),
+        static_cast<double>(stats.logical_bytes) / static_cast<double>(stats.physical_bytes),
+        static_cast<double>(a.descriptor.kv_bytes + b.descriptor.kv_bytes) /
+            static_cast<double>(a.descriptor.kv_bytes + b.descriptor.kv_bytes - two_pages));
 
     // Both entries still reconstruct and decode.
     for (const auto* r : {&ra, &rb}) {
@@ -253,7 +256,9 @@ TEST_P(HybridKvPagesTest, CorruptPayloadIsADecodeError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FlashAttn, HybridKvPagesTest, ::testing::Bool(),
-                         [](const auto& param_info) { return param_info.param ? "FlashAttn" : "NoFlashAttn"; });
+                         [](const auto& param_info) {
+                             return param_info.param ? "FlashAttn" : "NoFlashAttn";
+                         });
 
 // ---- dense KV (llama), through the full per-sequence state ----
 
@@ -311,7 +316,8 @@ TEST(RecurrentKvPagesTest, EmptyAttentionSection) {
     const auto layout = layout_for(*model, cache::PayloadKind::KvRecurrent);
     const EncodedPayload enc = export_payload(ctx, 0, 70, layout);
     std::string reason;
-    const auto info = inspect_kv_pages(std::span(enc.bytes).first(enc.descriptor.kv_bytes), &reason);
+    const auto info =
+        inspect_kv_pages(std::span(enc.bytes).first(enc.descriptor.kv_bytes), &reason);
     ASSERT_TRUE(info) << reason;
     EXPECT_EQ(info->mode, KvPagesMode::Empty);
     EXPECT_EQ(enc.descriptor.kv_bytes, info->header_bytes);
@@ -363,8 +369,8 @@ std::vector<uint8_t> synth_section(const SynthSpec& s) {
         put(static_cast<int32_t>(order[i]));
         put(uint32_t{1});
         if (s.ext) {
-            put(static_cast<int32_t>(order[i]));  // x
-            put(int32_t{0});                       // y
+            put(static_cast<int32_t>(order[i]));         // x
+            put(int32_t{0});                             // y
             put(static_cast<int32_t>(1000 + order[i]));  // tok
         }
         put(s.seq >= 0 ? s.seq : static_cast<int32_t>(i == 3 ? 5 : 0));
@@ -531,10 +537,10 @@ TEST(SyntheticKvPagesTest, InconsistentSectionsAreDecodeErrors) {
     check(patched(5, uint8_t{9}), 100, "unknown mode");
     check(patched(6, uint16_t{32}), 100, "page size");
     check(patched(8, llama_state_format_fingerprint() + 1), 100, "llama.cpp state format");
-    check(good, 99, "expected 99");                   // descriptor token range
+    check(good, 99, "expected 99");                        // descriptor token range
     check(patched(16, uint32_t{120}), 100, "page bytes");  // n_tokens, still 2 pages
     check(patched(16, uint32_t{200}), 100, "pages for");   // n_tokens, 4 pages
-    check(patched(20, uint32_t{3}), 100, "pages for");    // n_pages
+    check(patched(20, uint32_t{3}), 100, "pages for");     // n_pages
     check(patched(24, uint32_t{2}), 100, "v_trans");
     check(patched(28, uint32_t{0}), 100, "layer counts");
     check(patched(32, uint32_t{3}), 100, "layer counts");  // n_v > n_k

@@ -33,8 +33,7 @@ std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t
 }
 
 int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
-                const std::vector<runtime::Token>& tokens, size_t from, size_t to,
-                size_t chunk) {
+                const std::vector<runtime::Token>& tokens, size_t from, size_t to, size_t chunk) {
     int32_t last = -1;
     size_t pos = from;
     while (pos < to) {
@@ -50,8 +49,7 @@ int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
 }
 
 std::vector<runtime::Token> continue_greedy(runtime::InferenceContext& ctx, runtime::SeqId seq,
-                                            runtime::Pos next_pos, int32_t logits_index,
-                                            int n) {
+                                            runtime::Pos next_pos, int32_t logits_index, int n) {
     runtime::SamplingParams greedy;
     greedy.temperature = 0;
     runtime::Sampler sampler(ctx.model(), greedy);
