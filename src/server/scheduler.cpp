@@ -226,7 +226,9 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.next_checkpoint = 0;
     slot.deferred_checkpoint = 0;
 
-    context_->seq_clear(slot.lane);
+    if (!stage_->keeps_lane_state()) {
+        context_->seq_clear(slot.lane);  // otherwise the stage reuses or clears it
+    }
     stage::RestoreResult restored;
     try {
         restored = stage_->restore(*context_, slot.lane, slot.prompt_info);
@@ -269,8 +271,13 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     return true;
 }
 
-void Scheduler::release_slot(Slot& slot) {
-    context_->seq_clear(slot.lane);
+void Scheduler::release_slot(Slot& slot, std::span<const runtime::Token> canonical) {
+    if (!canonical.empty() && stage_->keeps_lane_state()) {
+        stage_->lane_released(slot.lane, canonical);  // the lane keeps its state
+    } else {
+        context_->seq_clear(slot.lane);
+        stage_->lane_released(slot.lane, {});
+    }
     slot.active = false;
     slot.post_turn = false;
     slot.sampler.reset();
@@ -311,7 +318,9 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
         std::fprintf(stderr, "skippy: record at finish failed: %s\n", e.what());
     }
     if (!start_turn_end(slot)) {
-        release_slot(slot);
+        // The prompt was prefilled canonically; the reply tokens after it were not.
+        const std::vector<runtime::Token> prompt = slot.request.prompt;
+        release_slot(slot, prompt);
     }
 }
 
@@ -499,7 +508,8 @@ void Scheduler::step() {
             ++slot.next_checkpoint;
         }
         if (prompt_done && slot.post_turn) {
-            release_slot(slot);  // the end of the turn is recorded
+            const std::vector<runtime::Token> turn = slot.request.prompt;
+            release_slot(slot, turn);  // the end of the turn is recorded
         } else if (prompt_done) {
             slot.generating = true;
             sample_slot(slot, p.logits_index);  // may finish (and record) the slot

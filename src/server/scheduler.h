@@ -93,7 +93,9 @@ class Scheduler {
     void admit_pending(std::deque<Pending>& pending);
     bool start_slot(Slot& slot, Pending&& pending);
     void step();
-    void release_slot(Slot& slot);
+    // `canonical`: tokens of the lane prefilled canonically, which it may keep (see
+    // StageBackend::keeps_lane_state); empty = clear the lane.
+    void release_slot(Slot& slot, std::span<const runtime::Token> canonical = {});
     void finish_slot(Slot& slot, const std::string& finish_reason);
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void sample_slot(Slot& slot, int32_t batch_index);

@@ -87,6 +87,7 @@ void PrefixCacheStage::attach(runtime::InferenceContext& context, SeqId first_sp
     n_lanes_ = n_lanes;
     lane_shared_tokens_.assign(n_lanes, 0);
     turn_start_state_.assign(n_lanes, {});
+    retained_tokens_.assign(n_lanes, {});
     if (payload_ == ActivePayload::ResidentKv) {
         cache::ResidentCacheOptions options;
         options.seq_id_count = static_cast<int32_t>(context.n_seq_max());
@@ -118,6 +119,18 @@ bool PrefixCacheStage::records_enabled(const PromptInfo& prompt) const {
 
 RestoreResult PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane,
                                         const PromptInfo& prompt) {
+    RestoreResult result = restore_into_lane(context, lane, prompt);
+    if (result.n_restored == 0) {
+        context.seq_clear(lane);  // the lane may still hold an earlier request's state
+    }
+    if (static_cast<size_t>(lane) < retained_tokens_.size()) {
+        retained_tokens_[static_cast<size_t>(lane)].clear();  // the lane is in use now
+    }
+    return result;
+}
+
+RestoreResult PrefixCacheStage::restore_into_lane(runtime::InferenceContext& context, SeqId lane,
+                                                  const PromptInfo& prompt) {
     if (static_cast<size_t>(lane) < lane_shared_tokens_.size()) {
         lane_shared_tokens_[static_cast<size_t>(lane)] = 0;
         turn_start_state_[static_cast<size_t>(lane)].clear();
@@ -189,6 +202,12 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
                                               const cache::NamespaceId& ns, LookupEvent& event) {
     const auto t0 = Clock::now();
     const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
+    // True when the idle lane still holds the first n query tokens, canonically prefilled.
+    const std::vector<Token>& retained = retained_tokens_[static_cast<size_t>(lane)];
+    auto lane_holds = [&](size_t n) {
+        return retained.size() >= n &&
+               std::equal(query.begin(), query.begin() + static_cast<long>(n), retained.begin());
+    };
     std::optional<cache::ExactHit> hit = exact_->acquire_longest(ns, query);
     // A just-recorded state the worker has not inserted yet may be longer than the hit.
     const cache::ExactRecordPayload* recent = nullptr;
@@ -214,7 +233,7 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
         std::string reason;
         const auto t1 = Clock::now();
         if (import_payload(context, lane, recent->bytes, recent->descriptor, recent->tokens.size(),
-                           reason)) {
+                           reason, lane_holds(recent->tokens.size()))) {
             event.import_ms = ms_since(t1);
             event.decision = "exact_hit";
             event.reason = "recent record (queued, not yet inserted)";
@@ -253,8 +272,8 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
     }
     std::string reason;
     const auto t2 = Clock::now();
-    const bool imported =
-        import_payload(context, lane, bytes.bytes.span(), hit->descriptor, hit->len, reason);
+    const bool imported = import_payload(context, lane, bytes.bytes.span(), hit->descriptor,
+                                         hit->len, reason, lane_holds(hit->len));
     event.import_ms = ms_since(t2);
     if (!imported) {
         return quarantine(reason);
@@ -266,7 +285,24 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
 bool PrefixCacheStage::import_payload(runtime::InferenceContext& context, SeqId lane,
                                       std::span<const uint8_t> bytes,
                                       const cache::PayloadDescriptor& descriptor, size_t n_tokens,
-                                      std::string& reason) {
+                                      std::string& reason, bool in_place) {
+    if (in_place && descriptor.kind == cache::PayloadKind::KvRecurrent &&
+        descriptor.recurrent_bytes > 0 && descriptor.kv_bytes > 0) {
+        // The lane holds this prefix's attention KV already (prefilled canonically): import
+        // only the recurrent state taken at the prefix end, then drop the lane's later
+        // cells (the recurrent part now ends at the prefix, so the removal is allowed).
+        const auto recurrent = decode_payload(bytes, descriptor, static_cast<uint32_t>(n_tokens),
+                                              layout_, &reason, PayloadPart::RecurrentOnly);
+        if (!recurrent) {
+            return false;  // the stored bytes are inconsistent: quarantine
+        }
+        if (context.state_import(*recurrent, lane, runtime::StateScope::PartialOnly) &&
+            context.seq_remove(lane, static_cast<Pos>(n_tokens), -1) &&
+            context.seq_pos_max(lane) == static_cast<Pos>(n_tokens) - 1) {
+            return true;
+        }
+    }
+    context.seq_clear(lane);  // a full import starts from an empty lane
     const auto blob =
         decode_payload(bytes, descriptor, static_cast<uint32_t>(n_tokens), layout_, &reason);
     if (!blob) {
@@ -457,6 +493,16 @@ void PrefixCacheStage::make_room(runtime::InferenceContext& context, uint32_t n_
     telemetry_->resident_evictions(evicted.size());
 }
 
+bool PrefixCacheStage::keeps_lane_state() const {
+    return payload_ == ActivePayload::KvRecurrent && config_.mode == CacheMode::LookupRecord;
+}
+
+void PrefixCacheStage::lane_released(SeqId lane, std::span<const Token> retained) {
+    if (static_cast<size_t>(lane) < retained_tokens_.size()) {
+        retained_tokens_[static_cast<size_t>(lane)].assign(retained.begin(), retained.end());
+    }
+}
+
 bool PrefixCacheStage::tracks_turn_end() const {
     return payload_ != ActivePayload::ResidentKv && config_.mode != CacheMode::Off;
 }
@@ -479,6 +525,14 @@ bool PrefixCacheStage::restore_turn_start(runtime::InferenceContext& context, Se
 
 bool PrefixCacheStage::evict_for_space(runtime::InferenceContext& context) {
     if (!resident_) {
+        // Idle lanes that kept their state give their cells back first.
+        for (size_t lane = 0; lane < retained_tokens_.size(); ++lane) {
+            if (!retained_tokens_[lane].empty()) {
+                retained_tokens_[lane].clear();
+                context.seq_clear(static_cast<SeqId>(lane));
+                return true;
+            }
+        }
         return false;
     }
     const auto evicted = resident_->evict_tokens(1);

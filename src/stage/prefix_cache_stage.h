@@ -60,6 +60,8 @@ class PrefixCacheStage final : public StageBackend {
     void make_room(runtime::InferenceContext& context, uint32_t n_cells) override;
     bool evict_for_space(runtime::InferenceContext& context) override;
     bool tracks_turn_end() const override;
+    bool keeps_lane_state() const override;
+    void lane_released(SeqId lane, std::span<const Token> retained) override;
     bool restore_turn_start(runtime::InferenceContext& context, SeqId lane,
                             const PromptInfo& prompt) override;
 
@@ -72,6 +74,8 @@ class PrefixCacheStage final : public StageBackend {
     cache::NamespaceId namespace_for(const std::string& key) const;
 
   private:
+    RestoreResult restore_into_lane(runtime::InferenceContext& context, SeqId lane,
+                                    const PromptInfo& prompt);
     bool lookups_enabled(const PromptInfo& prompt) const;
     bool records_enabled(const PromptInfo& prompt) const;
     RestoreResult restore_exact(runtime::InferenceContext& context, SeqId lane,
@@ -97,6 +101,9 @@ class PrefixCacheStage final : public StageBackend {
     std::unique_ptr<cache::ResidentCache> resident_;
     std::vector<int32_t> lane_shared_tokens_;  // per lane: cells shared with a resident entry
     std::vector<std::vector<uint8_t>> turn_start_state_;  // per lane: state at the prompt end
+    // Per idle lane: tokens whose state the lane still holds, prefilled canonically (the
+    // attention KV of a prefix of them can be kept and only the recurrent state imported).
+    std::vector<std::vector<Token>> retained_tokens_;
     // Records handed to the queue but maybe not inserted yet, so that the very next request
     // of a conversation (an agent's immediate follow-up) can restore them already.
     // Scheduler thread only; bounded; entries leave once the cache holds them.
@@ -104,7 +111,7 @@ class PrefixCacheStage final : public StageBackend {
     std::deque<std::shared_ptr<const cache::ExactRecordPayload>> recent_records_;
     bool import_payload(runtime::InferenceContext& context, SeqId lane,
                         std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
-                        size_t n_tokens, std::string& reason);
+                        size_t n_tokens, std::string& reason, bool in_place);
     std::unique_ptr<CacheTelemetry> telemetry_;
 };
 

@@ -73,6 +73,13 @@ class StageBackend {
     // the conversation as the next request will render it, in canonical chunks, so the
     // checkpoint at the end of the assistant message is bit-identical to a cold prefill.
     virtual bool tracks_turn_end() const { return false; }
+
+    // Lanes keep their state after a request: the scheduler does not clear a finished lane,
+    // it tells the stage which of its tokens were prefilled canonically (`retained`, empty
+    // when the lane was cleared), and restore() may reuse that state in place. restore()
+    // must then leave the lane empty or holding exactly the restored prefix.
+    virtual bool keeps_lane_state() const { return false; }
+    virtual void lane_released(SeqId /*lane*/, std::span<const Token> /*retained*/) {}
     virtual bool restore_turn_start(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
                                     const PromptInfo& /*prompt*/) {
         return false;

@@ -83,8 +83,8 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
 std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
                                                    const cache::PayloadDescriptor& descriptor,
                                                    uint32_t expected_tokens,
-                                                   const PayloadLayout& layout,
-                                                   std::string* reason) {
+                                                   const PayloadLayout& layout, std::string* reason,
+                                                   PayloadPart part) {
     auto fail = [&](const char* why) -> std::optional<std::vector<uint8_t>> {
         if (reason != nullptr) {
             *reason = why;
@@ -122,6 +122,14 @@ std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> byte
     std::vector<uint8_t> blob(kLlamaSeqStateHeader);
     std::memcpy(blob.data(), &magic, sizeof magic);
     std::memcpy(blob.data() + sizeof magic, &source_seq, sizeof source_seq);
+    if (part == PayloadPart::RecurrentOnly) {
+        if (descriptor.kind != cache::PayloadKind::KvRecurrent || descriptor.recurrent_bytes == 0) {
+            return fail("payload has no separate recurrent section");
+        }
+        blob.insert(blob.end(), bytes.begin() + static_cast<ptrdiff_t>(descriptor.kv_bytes),
+                    bytes.end());
+        return blob;
+    }
     if (descriptor.kind != cache::PayloadKind::KvRecurrent) {
         blob.insert(blob.end(), bytes.begin(), bytes.end());
         return blob;

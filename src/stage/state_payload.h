@@ -50,10 +50,15 @@ EncodedPayload export_payload(const runtime::InferenceContext& context, runtime:
 
 // Validates `bytes` against `descriptor` (kind, token range, section sizes) and returns
 // the llama.cpp blob to import; nullopt + reason when the payload is unusable.
+enum class PayloadPart {
+    Full,           // the whole state: import with StateScope::Full
+    RecurrentOnly,  // kv-recurrent only: the recurrent section, import with PartialOnly
+};
+
 std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
                                                    const cache::PayloadDescriptor& descriptor,
                                                    uint32_t expected_tokens,
-                                                   const PayloadLayout& layout,
-                                                   std::string* reason);
+                                                   const PayloadLayout& layout, std::string* reason,
+                                                   PayloadPart part = PayloadPart::Full);
 
 }  // namespace skippy::stage
