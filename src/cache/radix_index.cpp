@@ -1,6 +1,7 @@
 #include "cache/radix_index.h"
 
 #include <algorithm>
+#include <functional>
 #include <sstream>
 #include <unordered_set>
 
@@ -644,8 +645,7 @@ std::vector<EntryInfo> RadixIndex::entries(ComponentKind kind) const {
 
 size_t RadixIndex::size(ComponentKind kind) const { return count_[kind_index(kind)]; }
 
-size_t RadixIndex::distinct_token_count() const {
-    size_t n = 0;
+void RadixIndex::for_each_node(const std::function<void(const Node&)>& visit) const {
     std::vector<const Node*> stack;
     for (const auto& [ns, tree] : trees_) {
         stack.push_back(tree->root.get());
@@ -653,28 +653,22 @@ size_t RadixIndex::distinct_token_count() const {
     while (!stack.empty()) {
         const Node* node = stack.back();
         stack.pop_back();
-        n += node->edge.size();
+        visit(*node);
         for (const auto& c : node->children) {
             stack.push_back(c.get());
         }
     }
+}
+
+size_t RadixIndex::distinct_token_count() const {
+    size_t n = 0;
+    for_each_node([&](const Node& node) { n += node.edge.size(); });
     return n;
 }
 
 size_t RadixIndex::node_count() const {
     size_t n = 0;
-    std::vector<const Node*> stack;
-    for (const auto& [ns, tree] : trees_) {
-        stack.push_back(tree->root.get());
-    }
-    while (!stack.empty()) {
-        const Node* node = stack.back();
-        stack.pop_back();
-        ++n;
-        for (const auto& c : node->children) {
-            stack.push_back(c.get());
-        }
-    }
+    for_each_node([&](const Node&) { ++n; });
     return n;
 }
 

@@ -179,6 +179,7 @@ class RadixIndex final : public LeaseOwner {
   private:
     struct Node;
     struct Tree;
+    void for_each_node(const std::function<void(const Node&)>& visit) const;
     struct Entry;
     using LruKey = std::tuple<uint64_t, uint64_t, EntryId>;  // last_used, insert_seq, id
 
