@@ -2,9 +2,12 @@
 # (source and build live outside the repo, under ~/.cache/skippy).
 set(SKIPPY_LLAMA_SRC "" CACHE PATH "llama.cpp source tree (from scripts/setup)")
 set(SKIPPY_LLAMA_BUILD "" CACHE PATH "llama.cpp build tree (from scripts/setup)")
+# Without -D values: the file scripts/setup writes into the repo's build/ folder (found
+# relative to this file, so fuzz/'s standalone project reads it too).
+set(_llama_paths_file "${CMAKE_CURRENT_LIST_DIR}/../build/llama-paths.env")
 if(NOT SKIPPY_LLAMA_SRC OR NOT SKIPPY_LLAMA_BUILD)
-  if(EXISTS "${CMAKE_SOURCE_DIR}/build/llama-paths.env")
-    file(STRINGS "${CMAKE_SOURCE_DIR}/build/llama-paths.env" _llama_paths)
+  if(EXISTS "${_llama_paths_file}")
+    file(STRINGS "${_llama_paths_file}" _llama_paths)
     foreach(_line IN LISTS _llama_paths)
       if(_line MATCHES "^LLAMA_SRC=(.*)$")
         set(SKIPPY_LLAMA_SRC "${CMAKE_MATCH_1}" CACHE PATH "" FORCE)
