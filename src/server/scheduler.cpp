@@ -319,8 +319,7 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     }
     if (!start_turn_end(slot)) {
         // The prompt was prefilled canonically; the reply tokens after it were not.
-        const std::vector<runtime::Token> prompt = slot.request.prompt;
-        release_slot(slot, prompt);
+        release_slot(slot, slot.request.prompt);
     }
 }
 
@@ -508,8 +507,7 @@ void Scheduler::step() {
             ++slot.next_checkpoint;
         }
         if (prompt_done && slot.post_turn) {
-            const std::vector<runtime::Token> turn = slot.request.prompt;
-            release_slot(slot, turn);  // the end of the turn is recorded
+            release_slot(slot, slot.request.prompt);  // the end of the turn is recorded
         } else if (prompt_done) {
             slot.generating = true;
             sample_slot(slot, p.logits_index);  // may finish (and record) the slot
