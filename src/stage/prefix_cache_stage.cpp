@@ -203,7 +203,9 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
     const auto t0 = Clock::now();
     const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
     // True when the idle lane still holds the first n query tokens, canonically prefilled.
-    const std::vector<Token>& retained = retained_tokens_[static_cast<size_t>(lane)];
+    // Taken out of the lane's record: whatever happens next, the lane is in use after this.
+    std::vector<Token> retained = std::move(retained_tokens_[static_cast<size_t>(lane)]);
+    retained_tokens_[static_cast<size_t>(lane)].clear();
     auto lane_holds = [&](size_t n) {
         return retained.size() >= n &&
                std::equal(query.begin(), query.begin() + static_cast<long>(n), retained.begin());
@@ -241,6 +243,7 @@ RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context
         }
         // Our own fresh export failed to import: drop it and use the cache instead.
         context.seq_clear(lane);
+        retained.clear();  // the lane no longer holds anything to reuse in place
         std::erase_if(recent_records_, [&](const auto& r) { return r.get() == recent; });
         hit = exact_->acquire_longest(ns, query);
     }
