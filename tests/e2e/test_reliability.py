@@ -33,6 +33,19 @@ def rss_kib(pid):
     raise RuntimeError("no VmRSS")
 
 
+def recv_until(sock, buf, done, deadline):
+    """Appends what the socket sends to buf until done(buf), EOF, an error or the deadline."""
+    while not done(buf) and time.time() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
 def raw_http(port, data, timeout=30, read_body=True):
     """Sends raw bytes on a fresh loopback connection; returns (status, headers, body, seconds).
     status is None when the server closed the connection without a response."""
@@ -43,16 +56,8 @@ def raw_http(port, data, timeout=30, read_body=True):
             sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server may answer and close before reading everything
-        buf = b""
         deadline = time.time() + timeout
-        while b"\r\n\r\n" not in buf and time.time() < deadline:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
-            if not chunk:
-                break
-            buf += chunk
+        buf = recv_until(sock, b"", lambda b: b"\r\n\r\n" in b, deadline)
         if b"\r\n\r\n" not in buf:
             return None, {}, buf, time.time() - start
         head, _, body = buf.partition(b"\r\n\r\n")
@@ -63,14 +68,8 @@ def raw_http(port, data, timeout=30, read_body=True):
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0"))
-        while read_body and len(body) < length and time.time() < deadline:
-            try:
-                chunk = sock.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
-            if not chunk:
-                break
-            body += chunk
+        if read_body:
+            body = recv_until(sock, body, lambda b: len(b) >= length, deadline)
         return status, headers, body, time.time() - start
     finally:
         sock.close()
