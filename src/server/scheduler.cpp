@@ -392,6 +392,9 @@ bool Scheduler::start_turn_end(Slot& slot) {
 }
 
 void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
+    if (slot.request.on_logits) {
+        slot.request.on_logits(context_->logits_at(batch_index));
+    }
     const runtime::Token token = slot.sampler->sample(*context_, batch_index);
     ++slot.n_sampled;
     if (slot.n_sampled == 1) {

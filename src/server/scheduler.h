@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +44,9 @@ struct GenerationRequest {
     // Chat requests: tokens of the conversation with `reply` appended as the assistant
     // message, as the next request of this conversation will render it.
     std::function<std::vector<runtime::Token>(const std::string& reply)> render_turn_end;
+    // Called on the scheduler thread with the logits each token is sampled from (tests of
+    // exactness compare them bitwise; logprobs can build on it).
+    std::function<void(std::span<const float> logits)> on_logits;
 };
 
 struct SchedulerOptions {
