@@ -48,7 +48,7 @@ std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> byte
                                                    const skippy::stage::PayloadLayout& layout,
                                                    std::string* reason) {
     std::vector<uint8_t> out;
-    if (!skippy::decode_payload(bytes, d, n, layout, out, reason)) {
+    if (!skippy::stage::decode_payload(bytes, d, n, layout, out, reason)) {
         return std::nullopt;
     }
     return out;

@@ -10,7 +10,7 @@
 
 #include "runtime/chat_template.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "stage/stage_factory.h"
 
 namespace skippy::server {

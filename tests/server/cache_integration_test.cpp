@@ -10,7 +10,7 @@
 
 #include "cache/prefix_identity.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "server/scheduler.h"
 #include "stage/prefix_cache_stage.h"
 #include "test_models.h"

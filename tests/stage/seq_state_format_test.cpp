@@ -18,7 +18,7 @@
 #include "cache/block_store.h"
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/sampler.h"
 #include "stage/state_payload.h"
 #include "test_models.h"
