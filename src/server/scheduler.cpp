@@ -12,6 +12,7 @@ namespace skippy::server {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+constexpr auto kIdleFlushDelay = std::chrono::milliseconds(50);
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -124,7 +125,15 @@ void Scheduler::run() {
             std::unique_lock<std::mutex> lock(queue_mutex_);
             const bool any_active = lanes_busy_.load() > 0;
             if (!any_active) {
-                queue_cv_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+                const auto wake = [&] { return stopping_ || !incoming_.empty(); };
+                // Deferred records are exported once the server has been idle for a while
+                // (a conversation that comes back at once keeps its lane and needs none).
+                if (stage_->has_idle_work() && !queue_cv_.wait_for(lock, kIdleFlushDelay, wake)) {
+                    lock.unlock();
+                    stage_->idle(*context_);
+                    continue;
+                }
+                queue_cv_.wait(lock, wake);
             }
             if (stopping_) {
                 break;

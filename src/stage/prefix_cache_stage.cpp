@@ -200,6 +200,14 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     state.last_used = ++clock_;
     state.turn_start.clear();
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    if (!state.pending.empty()) {
+        // Records waiting for this lane's state survive only if the new prompt keeps all of
+        // them (the same conversation going on); otherwise they are exported now.
+        const int32_t keep = lookups_enabled(prompt) ? lane_match(state, ns, prompt.tokens) : 0;
+        if (keep < state.pending.back()) {
+            flush_lane(context, lane);
+        }
+    }
     const auto n = static_cast<int32_t>(prompt.tokens.size());
     LookupEvent event;
     event.payload = cache::to_string(layout_.kind);
@@ -219,7 +227,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     event.restored_tokens = restored;
     event.suffix_tokens = n - restored;
     telemetry_->lookup(event);
-    state.checkpoints.clear();
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) { return cp.n_tokens > restored; });
     state.has_ns = true;
     state.ns = ns;
     state.tokens.assign(prompt.tokens.begin(), prompt.tokens.begin() + restored);
@@ -277,8 +285,11 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
             event.tier = CacheTier::Lane;
             return in_lane;
         }
+        flush_lane(context, lane);
         context.seq_clear(lane);  // could not trim: fall back to the stored entries
     }
+    // Whatever follows replaces the lane's state: records still waiting for it go first.
+    flush_lane(context, lane);
     if (stored < static_cast<int32_t>(policy_.min_tokens)) {
         context.seq_clear(lane);
         event.decision = CacheDecision::Miss;
@@ -419,28 +430,72 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     state.recurrent_at = held == static_cast<Pos>(canonical.size()) ? held : -1;
     state.turn_start.clear();
     if (!records_enabled(prompt) || canonical.empty()) {
+        state.pending.clear();
         update_lane_gauge();
         return;
     }
     // Dense models take any position from the export; hybrid/recurrent ones only where a
-    // checkpoint captured the recurrent state (or the lane's own end).
+    // checkpoint captured the recurrent state (the lane's own end included).
     std::vector<int32_t> positions;
     if (layout_.has_recurrent) {
+        if (turn_end && state.recurrent_at == static_cast<int32_t>(canonical.size())) {
+            auto blob =
+                context.state_export(lane, layout_.has_attention ? runtime::StateScope::PartialOnly
+                                                                 : runtime::StateScope::Full);
+            if (!blob.empty()) {
+                state.checkpoints.push_back(
+                    {state.recurrent_at,
+                     std::make_shared<const std::vector<uint8_t>>(std::move(blob))});
+            }
+        }
         for (const auto& c : state.checkpoints) {
             positions.push_back(c.n_tokens);
         }
     } else {
         positions = record_positions(prompt, state.n_restored, turn_end);
+        if (turn_end) {
+            positions.push_back(static_cast<int32_t>(canonical.size()));
+        }
     }
-    if (turn_end && state.recurrent_at == static_cast<int32_t>(canonical.size())) {
-        positions.push_back(static_cast<int32_t>(canonical.size()));
-    }
-    submit_records(context, lane, state, std::move(positions), turn_end);
     // Keep the checkpoints inside what the lane holds (the lane reuses them in place).
     std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
         return cp.n_tokens > static_cast<int32_t>(state.tokens.size());
     });
+    // The export is deferred: while the lane keeps this state (the same conversation comes
+    // back to it) nothing needs copying at all. It happens before the lane's state is
+    // replaced, or when the scheduler has been idle for a while (flush_lane).
+    for (int32_t p : positions) {
+        if (p >= static_cast<int32_t>(policy_.min_tokens) &&
+            p <= static_cast<int32_t>(state.tokens.size())) {
+            state.pending.push_back(p);
+        }
+    }
+    std::sort(state.pending.begin(), state.pending.end());
+    state.pending.erase(std::unique(state.pending.begin(), state.pending.end()),
+                        state.pending.end());
     update_lane_gauge();
+}
+
+void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    if (state.pending.empty()) {
+        return;
+    }
+    std::vector<int32_t> positions = std::move(state.pending);
+    state.pending.clear();
+    submit_records(context, lane, state, std::move(positions), false);
+    update_lane_gauge();
+}
+
+bool PrefixCacheStage::has_idle_work() const {
+    return std::any_of(lanes_.begin(), lanes_.end(),
+                       [](const LaneState& s) { return !s.pending.empty(); });
+}
+
+void PrefixCacheStage::idle(runtime::InferenceContext& context) {
+    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+        flush_lane(context, static_cast<SeqId>(lane));
+    }
 }
 
 void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId lane,
@@ -475,7 +530,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
             continue;
         }
         Item item{p, page, {}};
-        if (layout_.has_recurrent && p != state.recurrent_at) {
+        if (layout_.has_recurrent) {
             auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
                                    [&](const Checkpoint& c) { return c.n_tokens == p; });
             if (it == state.checkpoints.end()) {
@@ -620,10 +675,13 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
 
 void PrefixCacheStage::update_lane_gauge() {
     size_t total = 0;
+    size_t pending = 0;
     for (const auto& lane : lanes_) {
         total += lane.tokens.size();
+        pending += lane.pending.empty() ? 0 : 1;
     }
     lane_tokens_.store(total, std::memory_order_relaxed);
+    lanes_pending_.store(pending, std::memory_order_release);
 }
 
 void PrefixCacheStage::discard(runtime::InferenceContext& context, SeqId lane) {

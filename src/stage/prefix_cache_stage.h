@@ -12,11 +12,13 @@
 //                quarantined, and the request prefills normally. Then the prefill chunks
 //                (plan.h's exactness rule) and, for hybrid/recurrent models, checkpoints:
 //                the recurrent state is exported exactly there (a small partial export).
-//   release      records what can be hit and is not stored yet: message boundaries new in
+//   release      notes what can be hit and is not stored yet: message boundaries new in
 //                this request, the prompt end - 2 for requests without an end of turn, and
-//                the end of the turn. The scheduler thread makes one copy of the lane state
-//                (llama.cpp's export); paging, hashing, dedupe and insertion run on the
-//                record worker. The lane keeps its state for the next request.
+//                the end of the turn. The lane keeps its state for the next request, so the
+//                export is deferred until that state is about to be replaced or the
+//                scheduler is idle; then the scheduler thread makes one copy of the lane
+//                state (llama.cpp's export) and paging, hashing, dedupe and insertion run
+//                on the record worker.
 //
 // Thread safety: the StageBackend hooks run on the scheduler thread (which owns the
 // InferenceContext). The exact-state cache and the record queue have their own mutexes and
@@ -62,6 +64,10 @@ class PrefixCacheStage final : public StageBackend {
                  std::span<const Token> canonical, bool turn_end) override;
     void discard(runtime::InferenceContext& context, SeqId lane) override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
+    bool has_idle_work() const override;
+    void idle(runtime::InferenceContext& context) override;
+    // Lanes whose records still wait for their export (any thread; tests wait for 0).
+    size_t lanes_pending() const { return lanes_pending_.load(std::memory_order_acquire); }
 
     std::string metrics_text() const;
     cache::PayloadKind payload() const { return layout_.kind; }
@@ -90,6 +96,7 @@ class PrefixCacheStage final : public StageBackend {
         std::vector<Checkpoint> checkpoints;
         std::vector<uint8_t> turn_start;  // recurrent state at the prompt end
         int32_t n_restored = 0;           // of the current request
+        std::vector<int32_t> pending;     // positions to record, export deferred
         uint64_t last_used = 0;
     };
 
@@ -104,6 +111,7 @@ class PrefixCacheStage final : public StageBackend {
     bool import_entry(runtime::InferenceContext& context, SeqId lane, const cache::ExactHit& hit,
                       bool recurrent_only, std::string& reason, LookupEvent& event);
     void update_lane_gauge();
+    void flush_lane(runtime::InferenceContext& context, SeqId lane);
     void submit_records(runtime::InferenceContext& context, SeqId lane, LaneState& state,
                         std::vector<int32_t> positions, bool turn_end);
 
@@ -123,6 +131,7 @@ class PrefixCacheStage final : public StageBackend {
     std::shared_ptr<std::atomic<uint64_t>> queued_bytes_;
     uint64_t queue_budget_bytes_ = 0;
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
+    std::atomic<size_t> lanes_pending_{0};
 };
 
 }  // namespace skippy::stage

@@ -76,6 +76,9 @@ class StageBackend {
     // the end of the prompt (the sampled token is not decoded yet).
     virtual void prompt_done(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
                              const PromptInfo& /*prompt*/) {}
+    // Deferred work (records) the stage would like to do while no request is running.
+    virtual bool has_idle_work() const { return false; }
+    virtual void idle(runtime::InferenceContext& /*context*/) {}
     // Whether end-of-turn work is worth doing for this request.
     virtual bool wants_turn_end(const PromptInfo& /*prompt*/) const { return false; }
 };

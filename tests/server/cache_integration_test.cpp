@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "cache/prefix_identity.h"
-#include "runtime/model.h"
 #include "runtime/factory/model_factory.h"
+#include "runtime/model.h"
 #include "server/scheduler.h"
 #include "stage/prefix_cache_stage.h"
 #include "test_models.h"
@@ -57,7 +57,8 @@ Output run(Scheduler& scheduler, const std::vector<runtime::Token>& prompt, int 
 // The scheduler hands a lane's records to the queue when it releases the lane (after the
 // reply): wait for that, then for the record worker.
 void wait_recorded(Scheduler& scheduler, stage::PrefixCacheStage& stage) {
-    for (int i = 0; i < 2000 && scheduler.stats().lanes_busy > 0; ++i) {
+    for (int i = 0; i < 2000 && (scheduler.stats().lanes_busy > 0 || stage.lanes_pending() > 0);
+         ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     stage.record_queue()->wait_idle();
