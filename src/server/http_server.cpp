@@ -13,6 +13,7 @@
 
 #include "cpp-httplib/httplib.h"
 #include "server/api_error.h"
+#include "server/connection_server.h"
 
 namespace skippy::server {
 
@@ -160,6 +161,26 @@ class BackgroundWork {
     std::thread thread_;
 };
 
+ConnectionLimits connection_limits(const HttpServerOptions& o, const Scheduler& scheduler) {
+    ConnectionLimits l;
+    l.max_connections = std::max<size_t>(1, o.max_connections);
+    l.header_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.header_timeout_ms));
+    l.body_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.body_timeout_ms));
+    l.idle_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.idle_timeout_ms));
+    l.write_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.write_timeout_ms));
+    l.max_requests_per_connection = std::max<size_t>(1, o.max_requests_per_connection);
+    l.max_header_bytes = std::max<size_t>(1024, o.max_header_bytes);
+    l.max_body_bytes = o.max_body_bytes;
+    l.retry_after_seconds = o.retry_after_seconds;
+    // Every request being generated holds a handler thread (it waits on its stream), so
+    // there is one per lane and queue slot, plus a few for /health, /metrics and errors.
+    l.handler_threads = o.handler_threads > 0
+                            ? static_cast<size_t>(o.handler_threads)
+                            : std::min<size_t>(256, scheduler.options().lanes +
+                                                        scheduler.options().max_queue_depth + 4);
+    return l;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -168,7 +189,7 @@ struct HttpServer::Impl {
     const OpenAiRequestParser& parser;
     std::string model_id;
     std::function<std::string()> extra_metrics;
-    httplib::Server server;
+    ConnectionServer server;
     BackgroundWork background;
     std::time_t started = std::time(nullptr);
 
@@ -178,7 +199,8 @@ struct HttpServer::Impl {
           scheduler(s),
           parser(p),
           model_id(std::move(id)),
-          extra_metrics(std::move(m)) {}
+          extra_metrics(std::move(m)),
+          server(connection_limits(options, scheduler)) {}
 
     void setup();
     void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
@@ -196,16 +218,28 @@ struct HttpServer::Impl {
 
 void HttpServer::Impl::setup() {
     server.set_payload_max_length(options.max_body_bytes);
-    // Token streams are many small writes: send each at once (no Nagle delay).
-    server.set_tcp_nodelay(true);
-    const int threads =
-        options.handler_threads > 0
-            ? options.handler_threads
-            : static_cast<int>(std::min<uint32_t>(
-                  256, scheduler.options().lanes + scheduler.options().max_queue_depth + 4));
-    server.new_task_queue = [threads] {
-        return new httplib::ThreadPool(static_cast<size_t>(threads));
-    };
+    // "Expect: 100-continue": refuse before the client sends the body when the key is wrong
+    // or the declared body is over the limit.
+    server.set_expect_100_continue_handler(
+        [this](const httplib::Request& req, httplib::Response& res) {
+            if (!options.api_key.empty() && req.path != "/health") {
+                const std::string given = bearer_token(req.get_header_value("Authorization"));
+                if (given.empty() || !secrets_equal(given, options.api_key)) {
+                    res.set_header("WWW-Authenticate", "Bearer");
+                    send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                               "invalid_api_key");
+                    return 401;
+                }
+            }
+            if (req.get_header_value_u64("Content-Length") > options.max_body_bytes) {
+                send_error(res, 413, "invalid_request_error",
+                           "Request body is too large (limit " +
+                               std::to_string(options.max_body_bytes) + " bytes)",
+                           "", "request_too_large");
+                return 413;
+            }
+            return 100;
+        });
     // Runs before the body is read.
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (!options.api_key.empty() && req.path != "/health") {
@@ -321,6 +355,23 @@ std::string HttpServer::Impl::metrics_text() const {
            s.cached_tokens);
     metric("skippy_completion_tokens_total", "counter", "Generated tokens.", s.completion_tokens);
     metric("skippy_decode_calls_total", "counter", "llama_decode batches.", s.decode_calls);
+    const ConnectionStats c = server.stats();
+    metric("skippy_http_connections_open", "gauge", "Open HTTP connections.", c.open);
+    metric("skippy_http_connections_max", "gauge",
+           "Connection cap in effect (bounded by the open-file limit).",
+           server.limits().max_connections);
+    metric("skippy_http_connections_accepted_total", "counter", "Accepted HTTP connections.",
+           c.accepted);
+    metric("skippy_http_connections_rejected_total", "counter",
+           "Connections refused over the connection cap (503).", c.rejected);
+    metric("skippy_http_header_timeouts_total", "counter",
+           "Requests whose head did not arrive in time (408).", c.header_timeouts);
+    metric("skippy_http_body_timeouts_total", "counter",
+           "Requests whose body did not arrive in time (408).", c.body_timeouts);
+    metric("skippy_http_oversize_headers_total", "counter",
+           "Requests refused for their header size or count (431).", c.oversize_headers);
+    metric("skippy_http_requests_total", "counter", "HTTP requests handed to handlers.",
+           c.requests);
     if (extra_metrics) {
         out << extra_metrics();
     }
@@ -576,26 +627,27 @@ HttpServer::HttpServer(HttpServerOptions options, Scheduler& scheduler,
 HttpServer::~HttpServer() { stop(); }
 
 int HttpServer::bind() {
-    int port = impl_->options.port;
-    if (port == 0) {
-        port = impl_->server.bind_to_any_port(impl_->options.host);
-        if (port < 0) {
-            throw std::runtime_error("cannot bind to " + impl_->options.host);
-        }
-    } else if (!impl_->server.bind_to_port(impl_->options.host, port)) {
-        throw std::runtime_error("cannot bind to " + impl_->options.host + ":" +
-                                 std::to_string(port));
-    }
-    impl_->options.port = port;
-    return port;
+    impl_->options.port = impl_->server.bind_port(impl_->options.host, impl_->options.port);
+    return impl_->options.port;
 }
 
-void HttpServer::listen() { impl_->server.listen_after_bind(); }
+void HttpServer::listen() { impl_->server.serve(); }
 
 void HttpServer::stop() {
-    if (impl_ && impl_->server.is_running()) {
-        impl_->server.stop();
+    if (impl_) {
+        impl_->server.request_stop();
     }
+}
+
+std::string HttpServer::limits_summary() const {
+    const ConnectionLimits& l = impl_->server.limits();
+    return "max_connections=" + std::to_string(l.max_connections) +
+           " handler_threads=" + std::to_string(l.handler_threads) +
+           " header_timeout_ms=" + std::to_string(l.header_timeout.count()) +
+           " body_timeout_ms=" + std::to_string(l.body_timeout.count()) +
+           " idle_timeout_ms=" + std::to_string(l.idle_timeout.count()) +
+           " max_requests_per_connection=" + std::to_string(l.max_requests_per_connection) +
+           " max_header_bytes=" + std::to_string(l.max_header_bytes);
 }
 
 }  // namespace skippy::server
