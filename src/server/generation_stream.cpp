@@ -50,6 +50,15 @@ std::optional<StreamEvent> GenerationStream::next(std::chrono::milliseconds time
     return event;
 }
 
+std::deque<StreamEvent> GenerationStream::take_all(std::chrono::milliseconds timeout) {
+    std::deque<StreamEvent> out;
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) {
+        out.swap(events_);
+    }
+    return out;
+}
+
 bool GenerationStream::closed() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return closed_;

@@ -47,8 +47,13 @@ class GenerationStream {
     void fail(int http_status, std::string type, std::string message);
 
     // ---- consumer side (HTTP thread) ----
-    // Waits up to `timeout` for the next event; nullopt on timeout.
+    // Waits up to `timeout` for the next event; nullopt on timeout. Wakes as soon as the
+    // producer pushes (condition variable), the timeout only bounds how long the consumer
+    // goes without a chance to look at its client (disconnect detection).
     std::optional<StreamEvent> next(std::chrono::milliseconds timeout);
+    // Like next(), but takes every queued event at once (a burst of tokens costs one wake-up
+    // and one write); empty on timeout.
+    std::deque<StreamEvent> take_all(std::chrono::milliseconds timeout);
     // The client went away: the scheduler frees the lane at its next iteration.
     void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
 

@@ -2,13 +2,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <deque>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "cpp-httplib/httplib.h"
 #include "server/api_error.h"
+#include "server/connection_server.h"
 
 namespace skippy::server {
 
@@ -27,7 +32,10 @@ bool secrets_equal(const std::string& a, const std::string& b) {
 
 namespace {
 
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// Handler threads wait on their GenerationStream's condition variable, which wakes them
+// as soon as the scheduler pushes output; the timeout only bounds how long a handler goes
+// without checking whether its client has gone (then the lane is freed).
+constexpr auto kDisconnectCheck = std::chrono::milliseconds(50);
 
 void send_error(httplib::Response& res, int status, const std::string& type,
                 const std::string& message, const std::string& param = "",
@@ -57,8 +65,9 @@ json usage_json(const GenerationStats& stats) {
                 {"prompt_tokens_details", {{"cached_tokens", stats.cached_tokens}}}};
 }
 
-json skippy_json(const GenerationStats& stats) {
+json skippy_json(const GenerationStats& stats, double parse_ms) {
     return json{{"cache", stats.cache_decision},
+                {"parse_ms", parse_ms},
                 {"queue_ms", stats.queue_ms},
                 {"ttft_ms", stats.time_to_first_token_ms},
                 {"total_ms", stats.total_ms}};
@@ -99,6 +108,79 @@ std::string bearer_token(const std::string& header) {
     return trim(value.substr(space + 1));
 }
 
+// One thread for work that no response waits for (the next turn's chat-template render),
+// with a bounded queue: when it is full the work is dropped (it only saves later work).
+class BackgroundWork {
+  public:
+    BackgroundWork() : thread_([this] { run(); }) {}
+    ~BackgroundWork() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopping_ = true;
+        }
+        ready_.notify_all();
+        thread_.join();
+    }
+    void post(std::function<void()> work) {
+        if (!work) {
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (stopping_ || queue_.size() >= kCapacity) {
+                return;
+            }
+            queue_.push_back(std::move(work));
+        }
+        ready_.notify_one();
+    }
+
+  private:
+    static constexpr size_t kCapacity = 64;
+    void run() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+            if (stopping_) {
+                return;
+            }
+            auto work = std::move(queue_.front());
+            queue_.pop_front();
+            lock.unlock();
+            try {
+                work();
+            } catch (...) {
+            }
+            lock.lock();
+        }
+    }
+    std::mutex mutex_;
+    std::condition_variable ready_;
+    std::deque<std::function<void()>> queue_;
+    bool stopping_ = false;
+    std::thread thread_;
+};
+
+ConnectionLimits connection_limits(const HttpServerOptions& o, const Scheduler& scheduler) {
+    ConnectionLimits l;
+    l.max_connections = std::max<size_t>(1, o.max_connections);
+    l.header_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.header_timeout_ms));
+    l.body_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.body_timeout_ms));
+    l.idle_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.idle_timeout_ms));
+    l.write_timeout = std::chrono::milliseconds(std::max<int64_t>(1, o.write_timeout_ms));
+    l.max_requests_per_connection = std::max<size_t>(1, o.max_requests_per_connection);
+    l.max_header_bytes = std::max<size_t>(1024, o.max_header_bytes);
+    l.max_body_bytes = o.max_body_bytes;
+    l.retry_after_seconds = o.retry_after_seconds;
+    // Every request being generated holds a handler thread (it waits on its stream), so
+    // there is one per lane and queue slot, plus a few for /health, /metrics and errors.
+    l.handler_threads = o.handler_threads > 0
+                            ? static_cast<size_t>(o.handler_threads)
+                            : std::min<size_t>(256, scheduler.options().lanes +
+                                                        scheduler.options().max_queue_depth + 4);
+    return l;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -107,7 +189,8 @@ struct HttpServer::Impl {
     const OpenAiRequestParser& parser;
     std::string model_id;
     std::function<std::string()> extra_metrics;
-    httplib::Server server;
+    ConnectionServer server;
+    BackgroundWork background;
     std::time_t started = std::time(nullptr);
 
     Impl(HttpServerOptions o, Scheduler& s, const OpenAiRequestParser& p, std::string id,
@@ -116,14 +199,15 @@ struct HttpServer::Impl {
           scheduler(s),
           parser(p),
           model_id(std::move(id)),
-          extra_metrics(std::move(m)) {}
+          extra_metrics(std::move(m)),
+          server(connection_limits(options, scheduler)) {}
 
     void setup();
     void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
     void respond_blocking(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
                           const httplib::Request& req, httplib::Response& res);
     void respond_streaming(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
-                           StreamEvent first, httplib::Response& res);
+                           std::deque<StreamEvent> first, httplib::Response& res);
     json response_object(const ParsedRequest& parsed, const std::string& id,
                          const std::string& text, const std::vector<runtime::Token>& tokens,
                          const GenerationStats& stats) const;
@@ -134,14 +218,28 @@ struct HttpServer::Impl {
 
 void HttpServer::Impl::setup() {
     server.set_payload_max_length(options.max_body_bytes);
-    const int threads =
-        options.handler_threads > 0
-            ? options.handler_threads
-            : static_cast<int>(std::min<uint32_t>(
-                  256, scheduler.options().lanes + scheduler.options().max_queue_depth + 4));
-    server.new_task_queue = [threads] {
-        return new httplib::ThreadPool(static_cast<size_t>(threads));
-    };
+    // "Expect: 100-continue": refuse before the client sends the body when the key is wrong
+    // or the declared body is over the limit.
+    server.set_expect_100_continue_handler(
+        [this](const httplib::Request& req, httplib::Response& res) {
+            if (!options.api_key.empty() && req.path != "/health") {
+                const std::string given = bearer_token(req.get_header_value("Authorization"));
+                if (given.empty() || !secrets_equal(given, options.api_key)) {
+                    res.set_header("WWW-Authenticate", "Bearer");
+                    send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                               "invalid_api_key");
+                    return 401;
+                }
+            }
+            if (req.get_header_value_u64("Content-Length") > options.max_body_bytes) {
+                send_error(res, 413, "invalid_request_error",
+                           "Request body is too large (limit " +
+                               std::to_string(options.max_body_bytes) + " bytes)",
+                           "", "request_too_large");
+                return 413;
+            }
+            return 100;
+        });
     // Runs before the body is read.
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (!options.api_key.empty() && req.path != "/health") {
@@ -257,6 +355,23 @@ std::string HttpServer::Impl::metrics_text() const {
            s.cached_tokens);
     metric("skippy_completion_tokens_total", "counter", "Generated tokens.", s.completion_tokens);
     metric("skippy_decode_calls_total", "counter", "llama_decode batches.", s.decode_calls);
+    const ConnectionStats c = server.stats();
+    metric("skippy_http_connections_open", "gauge", "Open HTTP connections.", c.open);
+    metric("skippy_http_connections_max", "gauge",
+           "Connection cap in effect (bounded by the open-file limit).",
+           server.limits().max_connections);
+    metric("skippy_http_connections_accepted_total", "counter", "Accepted HTTP connections.",
+           c.accepted);
+    metric("skippy_http_connections_rejected_total", "counter",
+           "Connections refused over the connection cap (503).", c.rejected);
+    metric("skippy_http_header_timeouts_total", "counter",
+           "Requests whose head did not arrive in time (408).", c.header_timeouts);
+    metric("skippy_http_body_timeouts_total", "counter",
+           "Requests whose body did not arrive in time (408).", c.body_timeouts);
+    metric("skippy_http_oversize_headers_total", "counter",
+           "Requests refused for their header size or count (431).", c.oversize_headers);
+    metric("skippy_http_requests_total", "counter", "HTTP requests handed to handlers.",
+           c.requests);
     if (extra_metrics) {
         out << extra_metrics();
     }
@@ -273,7 +388,7 @@ json HttpServer::Impl::response_object(const ParsedRequest& parsed, const std::s
                 {"model", parsed.model},
                 {"system_fingerprint", "skippy"},
                 {"usage", usage_json(stats)},
-                {"skippy", skippy_json(stats)}};
+                {"skippy", skippy_json(stats, parsed.parse_ms)}};
     if (parsed.endpoint == Endpoint::ChatCompletions) {
         out["object"] = "chat.completion";
         choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -319,7 +434,11 @@ void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Reque
     }
     ParsedRequest parsed;
     try {
+        const auto parse_start = std::chrono::steady_clock::now();
         parsed = parser.parse(endpoint, req.body);
+        parsed.parse_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - parse_start)
+                              .count();
     } catch (const ApiError& e) {
         send_error(res, e);
         return;
@@ -347,22 +466,23 @@ void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Reque
     }
     // Wait for the first event so that errors before any output keep their HTTP status.
     for (;;) {
-        auto event = stream->next(kPollInterval);
-        if (!event) {
+        auto events = stream->take_all(kDisconnectCheck);
+        if (events.empty()) {
             if (req.is_connection_closed()) {
                 stream->cancel();
                 return;
             }
             continue;
         }
-        if (event->kind == StreamEvent::Kind::Error) {
-            if (event->http_status == 503 || event->http_status == 429) {
+        const StreamEvent& first = events.front();
+        if (first.kind == StreamEvent::Kind::Error) {
+            if (first.http_status == 503 || first.http_status == 429) {
                 res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
             }
-            send_error(res, event->http_status, event->error_type, event->error_message);
+            send_error(res, first.http_status, first.error_type, first.error_message);
             return;
         }
-        respond_streaming(parsed, stream, std::move(*event), res);
+        respond_streaming(parsed, stream, std::move(events), res);
         return;
     }
 }
@@ -372,126 +492,126 @@ void HttpServer::Impl::respond_blocking(const ParsedRequest& parsed,
                                         const httplib::Request& req, httplib::Response& res) {
     std::string text;
     std::vector<runtime::Token> tokens;
-    // Checked on a timer, not only when no event came: while tokens flow, next() never
+    // Checked on a timer, not only when no event came: while tokens flow, the wait never
     // times out, and a client that left would keep its lane until max_tokens.
-    auto next_check = std::chrono::steady_clock::now() + kPollInterval;
+    auto next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
     for (;;) {
-        auto event = stream->next(kPollInterval);
-        if (!event || std::chrono::steady_clock::now() >= next_check) {
-            next_check = std::chrono::steady_clock::now() + kPollInterval;
+        auto events = stream->take_all(kDisconnectCheck);
+        if (events.empty() || std::chrono::steady_clock::now() >= next_check) {
+            next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
             if (req.is_connection_closed()) {
                 stream->cancel();
                 return;
             }
         }
-        if (!event) {
-            continue;
-        }
-        switch (event->kind) {
-            case StreamEvent::Kind::Delta:
-                text += event->text;
-                tokens.insert(tokens.end(), event->tokens.begin(), event->tokens.end());
-                break;
-            case StreamEvent::Kind::Error:
-                if (event->http_status == 503 || event->http_status == 429) {
-                    res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-                }
-                send_error(res, event->http_status, event->error_type, event->error_message);
-                return;
-            case StreamEvent::Kind::Done:
-                res.set_content(
-                    dump_json(response_object(
-                        parsed,
-                        random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-"
-                                                                               : "cmpl-"),
-                        text, tokens, event->stats)),
-                    "application/json");
-                return;
+        for (auto& event : events) {
+            switch (event.kind) {
+                case StreamEvent::Kind::Delta:
+                    text += event.text;
+                    tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
+                    break;
+                case StreamEvent::Kind::Error:
+                    if (event.http_status == 503 || event.http_status == 429) {
+                        res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+                    }
+                    send_error(res, event.http_status, event.error_type, event.error_message);
+                    return;
+                case StreamEvent::Kind::Done:
+                    res.set_content(
+                        dump_json(response_object(
+                            parsed,
+                            random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-"
+                                                                                   : "cmpl-"),
+                            text, tokens, event.stats)),
+                        "application/json");
+                    background.post(parsed.prepare_next_turn);
+                    return;
+            }
         }
     }
 }
 
 void HttpServer::Impl::respond_streaming(const ParsedRequest& parsed,
                                          std::shared_ptr<GenerationStream> stream,
-                                         StreamEvent first, httplib::Response& res) {
+                                         std::deque<StreamEvent> first, httplib::Response& res) {
     const std::string id =
         random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
-    auto first_event = std::make_shared<std::optional<StreamEvent>>(std::move(first));
+    auto pending = std::make_shared<std::deque<StreamEvent>>(std::move(first));
     auto role_sent = std::make_shared<bool>(false);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, parsed, stream, id, first_event, role_sent](size_t, httplib::DataSink& sink) {
-            auto write = [&](const std::string& data) {
-                if (!sink.write(data.data(), data.size())) {
-                    stream->cancel();
-                    return false;
-                }
-                return true;
-            };
+        [this, parsed, stream, id, pending, role_sent](size_t, httplib::DataSink& sink) {
+            // Everything that is ready goes out in one write.
+            std::string out;
             if (parsed.endpoint == Endpoint::ChatCompletions && !*role_sent) {
                 *role_sent = true;
-                if (!write(sse(chunk_object(
-                        parsed, id, json{{"role", "assistant"}, {"content", ""}}, nullptr)))) {
-                    return false;
-                }
+                out += sse(chunk_object(parsed, id, json{{"role", "assistant"}, {"content", ""}},
+                                        nullptr));
             }
             for (;;) {
-                std::optional<StreamEvent> event;
-                if (first_event->has_value()) {
-                    event = std::move(**first_event);
-                    first_event->reset();
-                } else {
-                    event = stream->next(kPollInterval);
+                if (pending->empty()) {
+                    *pending = stream->take_all(out.empty() ? kDisconnectCheck
+                                                            : std::chrono::milliseconds(0));
                 }
-                if (!event) {
+                if (pending->empty()) {
+                    if (!out.empty()) {
+                        if (!sink.write(out.data(), out.size())) {
+                            stream->cancel();
+                            return false;
+                        }
+                        out.clear();
+                        continue;
+                    }
                     if (!sink.is_writable()) {
                         stream->cancel();
                         return false;
                     }
                     continue;
                 }
-                if (event->kind == StreamEvent::Kind::Delta) {
-                    if (event->text.empty()) {
+                StreamEvent event = std::move(pending->front());
+                pending->pop_front();
+                if (event.kind == StreamEvent::Kind::Delta) {
+                    if (event.text.empty()) {
                         continue;
                     }
-                    json delta = {{"content", event->text}};
+                    json delta = {{"content", event.text}};
                     if (parsed.return_token_ids) {
-                        delta["skippy_token_ids"] = event->tokens;
+                        delta["skippy_token_ids"] = event.tokens;
                     }
-                    if (!write(sse(chunk_object(parsed, id, delta, nullptr)))) {
-                        return false;
-                    }
+                    out += sse(chunk_object(parsed, id, delta, nullptr));
                     continue;
                 }
-                if (event->kind == StreamEvent::Kind::Error) {
-                    write(sse(
-                        error_body(event->http_status, event->error_type, event->error_message)));
-                    sink.done();
-                    return true;
+                if (event.kind == StreamEvent::Kind::Error) {
+                    out +=
+                        sse(error_body(event.http_status, event.error_type, event.error_message));
+                } else {
+                    json last = chunk_object(parsed, id, json::object(), event.stats.finish_reason);
+                    last["skippy"] = skippy_json(event.stats, parsed.parse_ms);
+                    out += sse(last);
+                    if (parsed.include_usage) {
+                        json usage_chunk = chunk_object(parsed, id, json::object(), nullptr);
+                        usage_chunk["choices"] = json::array();
+                        usage_chunk["usage"] = usage_json(event.stats);
+                        out += sse(usage_chunk);
+                    }
+                    out += "data: [DONE]\n\n";
                 }
-                json last = chunk_object(parsed, id, json::object(), event->stats.finish_reason);
-                last["skippy"] = skippy_json(event->stats);
-                if (!write(sse(last))) {
+                if (!sink.write(out.data(), out.size())) {
+                    stream->cancel();
                     return false;
                 }
-                if (parsed.include_usage) {
-                    json usage_chunk = chunk_object(parsed, id, json::object(), nullptr);
-                    usage_chunk["choices"] = json::array();
-                    usage_chunk["usage"] = usage_json(event->stats);
-                    if (!write(sse(usage_chunk))) {
-                        return false;
-                    }
-                }
-                write("data: [DONE]\n\n");
                 sink.done();
                 return true;
             }
         },
-        [stream](bool) {
+        [this, stream, prepare = parsed.prepare_next_turn](bool success) {
             // Connection finished (normally or not): make sure the lane is freed.
             if (!stream->closed()) {
                 stream->cancel();
+            }
+            if (success) {
+                background.post(prepare);
             }
         });
 }
@@ -507,26 +627,27 @@ HttpServer::HttpServer(HttpServerOptions options, Scheduler& scheduler,
 HttpServer::~HttpServer() { stop(); }
 
 int HttpServer::bind() {
-    int port = impl_->options.port;
-    if (port == 0) {
-        port = impl_->server.bind_to_any_port(impl_->options.host);
-        if (port < 0) {
-            throw std::runtime_error("cannot bind to " + impl_->options.host);
-        }
-    } else if (!impl_->server.bind_to_port(impl_->options.host, port)) {
-        throw std::runtime_error("cannot bind to " + impl_->options.host + ":" +
-                                 std::to_string(port));
-    }
-    impl_->options.port = port;
-    return port;
+    impl_->options.port = impl_->server.bind_port(impl_->options.host, impl_->options.port);
+    return impl_->options.port;
 }
 
-void HttpServer::listen() { impl_->server.listen_after_bind(); }
+void HttpServer::listen() { impl_->server.serve(); }
 
 void HttpServer::stop() {
-    if (impl_ && impl_->server.is_running()) {
-        impl_->server.stop();
+    if (impl_) {
+        impl_->server.request_stop();
     }
+}
+
+std::string HttpServer::limits_summary() const {
+    const ConnectionLimits& l = impl_->server.limits();
+    return "max_connections=" + std::to_string(l.max_connections) +
+           " handler_threads=" + std::to_string(l.handler_threads) +
+           " header_timeout_ms=" + std::to_string(l.header_timeout.count()) +
+           " body_timeout_ms=" + std::to_string(l.body_timeout.count()) +
+           " idle_timeout_ms=" + std::to_string(l.idle_timeout.count()) +
+           " max_requests_per_connection=" + std::to_string(l.max_requests_per_connection) +
+           " max_header_bytes=" + std::to_string(l.max_header_bytes);
 }
 
 }  // namespace skippy::server

@@ -1,11 +1,14 @@
 // HttpServer: the OpenAI-compatible HTTP surface (cpp-httplib). Routes:
 //   POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics
-// Handler threads parse and validate, submit to the Scheduler and wait on a GenerationStream.
+// Connections are read by an event loop (ConnectionServer) that hands complete requests to
+// handler threads; these parse and validate, submit to the Scheduler and wait on a
+// GenerationStream.
 //
-// Thread safety: handlers run on httplib's thread pool; they share only the Scheduler (whose
+// Thread safety: handlers run on the handler threads; they share only the Scheduler (whose
 // submit/stats are thread-safe) and immutable configuration.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,8 +23,16 @@ struct HttpServerOptions {
     int port = 8080;
     std::string api_key;  // empty = no authentication
     size_t max_body_bytes = 8 * 1024 * 1024;
-    int handler_threads = 0;  // 0 = lanes + queue depth, capped
+    int handler_threads = 0;  // 0 = lanes + queue depth + 4, capped at 256
     int retry_after_seconds = 1;
+    // Hostile-client limits (see connection_server.h).
+    size_t max_connections = 2048;  // open connections; beyond: 503 at once
+    int64_t header_timeout_ms = 10000;
+    int64_t body_timeout_ms = 30000;
+    int64_t idle_timeout_ms = 5000;  // keep-alive wait for the next request
+    int64_t write_timeout_ms = 10000;
+    size_t max_requests_per_connection = 100;
+    size_t max_header_bytes = 32 * 1024;
 };
 
 class HttpServer {
@@ -34,7 +45,9 @@ class HttpServer {
     int bind();
     // Serves until stop() is called from another thread or a signal handler.
     void listen();
-    void stop();
+    void stop();  // async-signal-safe
+    // The connection limits in effect (max_connections lowered to the open-file limit).
+    std::string limits_summary() const;
 
   private:
     struct Impl;

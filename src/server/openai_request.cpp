@@ -208,48 +208,6 @@ ApiError context_length_exceeded(const std::string& message, const char* param) 
     return ApiError(400, "invalid_request_error", message, param, "context_length_exceeded");
 }
 
-// Length of the common prefix of two token sequences.
-size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<runtime::Token>& b) {
-    const size_t n = std::min(a.size(), b.size());
-    size_t i = 0;
-    while (i < n && a[i] == b[i]) {
-        ++i;
-    }
-    return i;
-}
-
-// Maps byte offsets of a prompt's text to token counts of its tokenization.
-class TokenTextMap {
-  public:
-    TokenTextMap(const runtime::Model& model, const std::vector<runtime::Token>& tokens,
-                 const std::string& text) {
-        ends_.reserve(tokens.size() + 1);
-        ends_.push_back(0);
-        std::string pieces;
-        for (runtime::Token token : tokens) {
-            pieces += model.token_to_piece(token, true);
-            ends_.push_back(pieces.size());
-        }
-        // Tokens may render more than the text at the front (BOS, a leading space).
-        if (pieces.size() >= text.size() &&
-            pieces.compare(pieces.size() - text.size(), text.size(), text) == 0) {
-            lead_ = pieces.size() - text.size();
-            valid_ = true;
-        }
-    }
-    bool valid() const { return valid_; }
-    // Number of tokens that end at or before byte `offset` of the text.
-    size_t tokens_before(size_t offset) const {
-        const auto it = std::upper_bound(ends_.begin(), ends_.end(), offset + lead_);
-        return static_cast<size_t>(it - ends_.begin()) - 1;
-    }
-
-  private:
-    std::vector<size_t> ends_;
-    size_t lead_ = 0;
-    bool valid_ = false;
-};
-
 }  // namespace
 
 OpenAiRequestParser::OpenAiRequestParser(const runtime::Model& model,
@@ -258,11 +216,10 @@ OpenAiRequestParser::OpenAiRequestParser(const runtime::Model& model,
     : model_(model),
       chat_template_(chat_template),
       model_ids_(std::move(model_ids)),
-      limits_(limits) {
-    for (runtime::Token t = 0; t < model_.n_vocab(); ++t) {
-        max_token_bytes_ = std::max(max_token_bytes_, model_.token_to_piece(t, true).size());
-    }
-}
+      limits_(limits),
+      boundaries_(model, chat_template, limits.max_boundary_render_cost,
+                  limits.boundary_memo_entries),
+      max_token_bytes_(boundaries_.max_piece_bytes()) {}
 
 void OpenAiRequestParser::check_text_fits(size_t text_bytes, const char* param) const {
     // No token stands for more than max_token_bytes_ bytes of text, so longer text has more
@@ -479,51 +436,25 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     check_text_fits(prompt.size(), "messages");
     auto& gen = out.generation;
     gen.prompt = model_.tokenize(prompt, true, true);
-    // Before the (quadratic) boundary search: a prompt that cannot fit is rejected cheaply.
+    // Before the boundary search: a prompt that cannot fit is rejected cheaply.
     check_prompt_fits(gen.prompt.size(), "messages");
     // Structural record positions: where each earlier message ends in the prompt's tokens.
-    // A rendered head of the conversation is a text prefix of the prompt; its end maps to a
-    // token index through the cumulative length of the prompt's token pieces, so the prompt
-    // is tokenized once (the fallback tokenizes the head when the text is not a prefix).
-    const TokenTextMap text_map(model_, gen.prompt, prompt);
-    auto boundary_of = [&](const std::string& head_text) -> size_t {
-        if (text_map.valid() && prompt.compare(0, head_text.size(), head_text) == 0) {
-            return text_map.tokens_before(head_text.size());
-        }
-        return common_prefix(model_.tokenize(head_text, true, true), gen.prompt);
-    };
-    constexpr size_t kRenderFixedCost = 16;
-    size_t render_cost = 0;
-    for (size_t k = 1; k < messages.size(); ++k) {
-        render_cost += (k + kRenderFixedCost) * (messages[k].role == "assistant" ? 2 : 1);
-        if (render_cost > limits_.max_boundary_render_cost) {
-            break;  // depends only on messages[0..k]: the same cut-off in the next turn
-        }
-        const std::vector<runtime::ChatMessage> head(messages.begin(),
-                                                     messages.begin() + static_cast<long>(k));
-        const size_t boundary = boundary_of(chat_template_.render(head, false));
-        if (boundary > 0) {
-            gen.message_boundaries.push_back(static_cast<int32_t>(boundary));
-        }
-        if (messages[k].role == "assistant") {
-            // Where the earlier request of this conversation ended (its generation prompt):
-            // the state recorded there is what this turn restores.
-            const size_t earlier_end = boundary_of(chat_template_.render(head, true));
-            if (earlier_end > 0) {
-                gen.message_boundaries.push_back(static_cast<int32_t>(earlier_end));
-            }
-        }
-    }
+    const MessageKeys keys = message_keys(messages);
+    gen.message_boundaries = boundaries_.find(messages, keys, prompt, gen.prompt);
+    // The next turn of this conversation renders this prompt as the head before the reply,
+    // and the end of this turn (rendered below) as the head before its new message.
+    boundaries_.remember(keys.back(), true, prompt);
     auto history = std::make_shared<const std::vector<runtime::ChatMessage>>(messages);
-    gen.render_turn_end = [this, history](const std::string& reply) {
+    gen.render_turn_end = [this, history, key = keys.back()](const std::string& reply) {
         std::vector<runtime::ChatMessage> with_reply = *history;
         with_reply.push_back(runtime::ChatMessage{"assistant", reply});
-        return model_.tokenize(chat_template_.render(with_reply, false), true, true);
+        const std::string text = chat_template_.render(with_reply, false);
+        boundaries_.remember(extend_message_key(key, with_reply.back()), false, text);
+        return model_.tokenize(text, true, true);
     };
-    std::sort(gen.message_boundaries.begin(), gen.message_boundaries.end());
-    gen.message_boundaries.erase(
-        std::unique(gen.message_boundaries.begin(), gen.message_boundaries.end()),
-        gen.message_boundaries.end());
+    out.prepare_next_turn = [this, history, key = keys.back()] {
+        boundaries_.prepare(key, *history, false);
+    };
 }
 
 void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out) const {

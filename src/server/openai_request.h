@@ -2,12 +2,14 @@
 // Every rejection is an ApiError with the right status and an OpenAI error body.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "nlohmann/json.hpp"
 #include "runtime/chat_template.h"
 #include "runtime/model.h"
+#include "server/message_boundaries.h"
 #include "server/scheduler.h"
 
 namespace skippy::server {
@@ -26,13 +28,16 @@ struct RequestLimits {
     size_t max_grammar_bytes = 32 * 1024;
     size_t max_grammar_depth = 128;
     size_t max_grammar_rules = 2048;
-    // Structural record positions (message_boundaries) cost one chat-template render per
-    // earlier message, each over all messages before it (quadratic in the message count).
-    // They are computed in message order while the running cost (messages rendered, plus
-    // 16 per render for its fixed cost) stays within this budget. The rule depends only on
-    // the messages up to each boundary, so a conversation's next turn computes the same
-    // boundaries for its shared prefix (canonical chunking stays identical).
+    // Structural record positions (message_boundaries, see message_boundaries.h): a
+    // conversation not seen before costs one chat-template render per earlier message, each
+    // over all messages before it (quadratic in the message count). They are computed in
+    // message order while the running cost (messages rendered, plus 16 per render for its
+    // fixed cost) stays within this budget. The rule depends only on the messages up to each
+    // boundary, so a conversation's next turn computes the same boundaries for its shared
+    // prefix (canonical chunking stays identical). Renders are remembered (LRU, this many
+    // entries of ~100 bytes), so a next turn renders only what is new.
     size_t max_boundary_render_cost = 16384;
+    size_t boundary_memo_entries = 16384;
 };
 
 struct ParsedRequest {
@@ -42,6 +47,10 @@ struct ParsedRequest {
     bool include_usage = false;
     bool return_token_ids = false;
     GenerationRequest generation;
+    // Chat: renders what the next turn of this conversation will look up (the messages
+    // without generation prompt), off the critical path: call it once the response is sent.
+    std::function<void()> prepare_next_turn;
+    double parse_ms = 0;  // time spent in parse() (set by the HTTP layer)
 };
 
 class OpenAiRequestParser {
@@ -51,6 +60,7 @@ class OpenAiRequestParser {
 
     // Throws ApiError on any invalid input.
     ParsedRequest parse(Endpoint endpoint, const std::string& body) const;
+    const MessageBoundaryFinder& boundaries() const { return boundaries_; }
     // Just the JSON-level validation + rendering (no tokenization), exposed for the fuzzer.
     std::vector<runtime::ChatMessage> parse_messages(const nlohmann::json& messages) const;
 
@@ -67,6 +77,7 @@ class OpenAiRequestParser {
     const runtime::ChatTemplate& chat_template_;
     std::vector<std::string> model_ids_;
     RequestLimits limits_;
+    MessageBoundaryFinder boundaries_;
     size_t max_token_bytes_ = 1;  // longest text any single token stands for
 };
 

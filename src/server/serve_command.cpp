@@ -76,6 +76,39 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("--max-body-bytes", c.http.max_body_bytes, "largest request body (413 above)")
         ->envname("SKIPPY_MAX_BODY_BYTES")
         ->capture_default_str();
+    // HTTP connection limits against slow and hostile clients (src/server/connection_server.h).
+    app.add_option("--http-max-connections", c.http.max_connections,
+                   "open connections (503 beyond; at most the open-file limit allows)")
+        ->envname("SKIPPY_HTTP_MAX_CONNECTIONS")
+        ->capture_default_str();
+    app.add_option("--http-threads", c.http.handler_threads,
+                   "request handler threads (0 = lanes + queue depth + 4, at most 256)")
+        ->envname("SKIPPY_HTTP_THREADS")
+        ->capture_default_str();
+    app.add_option("--http-header-timeout-ms", c.http.header_timeout_ms,
+                   "longest wait for a request head, from connect or its first byte (408)")
+        ->envname("SKIPPY_HTTP_HEADER_TIMEOUT_MS")
+        ->capture_default_str();
+    app.add_option("--http-body-timeout-ms", c.http.body_timeout_ms,
+                   "longest wait for a request body after its head (408)")
+        ->envname("SKIPPY_HTTP_BODY_TIMEOUT_MS")
+        ->capture_default_str();
+    app.add_option("--http-idle-timeout-ms", c.http.idle_timeout_ms,
+                   "keep-alive: longest wait for the next request on a connection")
+        ->envname("SKIPPY_HTTP_IDLE_TIMEOUT_MS")
+        ->capture_default_str();
+    app.add_option("--http-write-timeout-ms", c.http.write_timeout_ms,
+                   "longest a response write may make no progress")
+        ->envname("SKIPPY_HTTP_WRITE_TIMEOUT_MS")
+        ->capture_default_str();
+    app.add_option("--http-max-requests-per-connection", c.http.max_requests_per_connection,
+                   "keep-alive: requests on one connection before it is closed")
+        ->envname("SKIPPY_HTTP_MAX_REQUESTS_PER_CONNECTION")
+        ->capture_default_str();
+    app.add_option("--http-max-header-bytes", c.http.max_header_bytes,
+                   "largest request head (431 above)")
+        ->envname("SKIPPY_HTTP_MAX_HEADER_BYTES")
+        ->capture_default_str();
     app.add_option("-c,--ctx-size", c.scheduler.context.n_ctx,
                    "KV cells of all lanes, split evenly (0 = 4096 per lane, at most the "
                    "model's training context)")

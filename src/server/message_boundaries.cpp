@@ -1,0 +1,319 @@
+#include "server/message_boundaries.h"
+
+#include <algorithm>
+#include <random>
+
+#include "cache/sha256.h"
+
+namespace skippy::server {
+
+namespace {
+
+// Keyed polynomial hashing of byte strings modulo the Mersenne prime 2^61 - 1, with two
+// random bases drawn at start-up: two different texts of up to n bytes collide with
+// probability below (n / 2^61)^2, whatever their content (the bases are secret).
+constexpr uint64_t kMod = (uint64_t{1} << 61) - 1;
+
+__extension__ typedef unsigned __int128 u128;
+
+uint64_t mul_mod(uint64_t a, uint64_t b) {
+    const u128 m = static_cast<u128>(a) * b;
+    uint64_t r = (static_cast<uint64_t>(m) & kMod) + static_cast<uint64_t>(m >> 61);
+    r = (r & kMod) + (r >> 61);
+    return r >= kMod ? r - kMod : r;
+}
+
+uint64_t hash_step(uint64_t h, uint64_t base, unsigned char c) {
+    const uint64_t r = mul_mod(h, base) + c + 1;
+    return r >= kMod ? r - kMod : r;
+}
+
+uint64_t random_base(std::mt19937_64& rng) {
+    std::uniform_int_distribution<uint64_t> dist(uint64_t{1} << 32, kMod - 1);
+    return dist(rng);
+}
+
+void hash_length(cache::Sha256& h, size_t n) {
+    const auto v = static_cast<uint64_t>(n);
+    uint8_t bytes[8];
+    for (int i = 0; i < 8; ++i) {
+        bytes[i] = static_cast<uint8_t>(v >> (8 * i));
+    }
+    h.update(bytes, sizeof bytes);
+}
+
+// Token counts of a prompt's text offsets, from the token piece table.
+class TokenTextMap {
+  public:
+    TokenTextMap(const MessageBoundaryFinder& finder, const std::vector<runtime::Token>& tokens,
+                 const std::string& text) {
+        ends_.reserve(tokens.size() + 1);
+        ends_.push_back(0);
+        size_t total = 0;
+        for (runtime::Token token : tokens) {
+            total += finder.piece(token).size();
+            ends_.push_back(total);
+        }
+        // Tokens may render more than the text at the front (BOS, a leading space): the
+        // concatenated pieces must end with the text.
+        if (total < text.size()) {
+            return;
+        }
+        lead_ = total - text.size();
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            if (ends_[i + 1] <= lead_) {
+                continue;
+            }
+            const std::string_view piece = finder.piece(tokens[i]);
+            const size_t skip = ends_[i] < lead_ ? lead_ - ends_[i] : 0;
+            const size_t at = ends_[i] + skip - lead_;
+            if (text.compare(at, piece.size() - skip, piece.substr(skip)) != 0) {
+                return;
+            }
+        }
+        valid_ = true;
+    }
+    bool valid() const { return valid_; }
+    // Number of tokens that end at or before byte `offset` of the text.
+    size_t tokens_before(size_t offset) const {
+        const auto it = std::upper_bound(ends_.begin(), ends_.end(), offset + lead_);
+        return static_cast<size_t>(it - ends_.begin()) - 1;
+    }
+
+  private:
+    std::vector<size_t> ends_;
+    size_t lead_ = 0;
+    bool valid_ = false;
+};
+
+size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<runtime::Token>& b) {
+    const size_t n = std::min(a.size(), b.size());
+    size_t i = 0;
+    while (i < n && a[i] == b[i]) {
+        ++i;
+    }
+    return i;
+}
+
+}  // namespace
+
+cache::Digest extend_message_key(const cache::Digest& key, const runtime::ChatMessage& message) {
+    cache::Sha256 h;
+    h.update(key.bytes.data(), key.bytes.size());
+    hash_length(h, message.role.size());
+    h.update(message.role.data(), message.role.size());
+    hash_length(h, message.content.size());
+    h.update(message.content.data(), message.content.size());
+    return h.finish();
+}
+
+MessageKeys message_keys(const std::vector<runtime::ChatMessage>& messages) {
+    MessageKeys keys;
+    keys.reserve(messages.size() + 1);
+    cache::Sha256 h;
+    static constexpr char kLabel[] = "skippy.chat-messages.v1";
+    h.update(kLabel, sizeof kLabel - 1);
+    keys.push_back(h.finish());
+    for (const auto& message : messages) {
+        keys.push_back(extend_message_key(keys.back(), message));
+    }
+    return keys;
+}
+
+size_t boundary_render_cost(size_t k, const runtime::ChatMessage& message) {
+    constexpr size_t kRenderFixedCost = 16;
+    return (k + kRenderFixedCost) * (message.role == "assistant" ? 2 : 1);
+}
+
+MessageBoundaryFinder::MessageBoundaryFinder(const runtime::Model& model,
+                                             const runtime::ChatTemplate& chat_template,
+                                             size_t render_budget, size_t memo_entries)
+    : model_(model),
+      chat_template_(chat_template),
+      render_budget_(render_budget),
+      memo_entries_(memo_entries) {
+    std::random_device seed;
+    std::mt19937_64 rng((static_cast<uint64_t>(seed()) << 32) ^ seed());
+    base1_ = random_base(rng);
+    base2_ = random_base(rng);
+    const runtime::Token n_vocab = model_.n_vocab();
+    piece_begin_.reserve(static_cast<size_t>(n_vocab) + 1);
+    for (runtime::Token t = 0; t < n_vocab; ++t) {
+        piece_begin_.push_back(static_cast<uint32_t>(pieces_.size()));
+        const std::string piece = model_.token_to_piece(t, true);
+        max_piece_bytes_ = std::max(max_piece_bytes_, piece.size());
+        pieces_ += piece;
+    }
+    piece_begin_.push_back(static_cast<uint32_t>(pieces_.size()));
+}
+
+std::string_view MessageBoundaryFinder::piece(runtime::Token t) const {
+    if (t < 0 || static_cast<size_t>(t) + 1 >= piece_begin_.size()) {
+        return {};
+    }
+    const auto i = static_cast<size_t>(t);
+    return std::string_view(pieces_).substr(piece_begin_[i], piece_begin_[i + 1] - piece_begin_[i]);
+}
+
+MessageBoundaryFinder::TextId MessageBoundaryFinder::text_id(const std::string& text) const {
+    TextId id;
+    id.bytes = text.size();
+    for (char c : text) {
+        id.h1 = hash_step(id.h1, base1_, static_cast<unsigned char>(c));
+        id.h2 = hash_step(id.h2, base2_, static_cast<unsigned char>(c));
+    }
+    return id;
+}
+
+bool MessageBoundaryFinder::lookup(const MemoKey& key, TextId& out) const {
+    const auto it = memo_.find(key);
+    if (it == memo_.end()) {
+        return false;
+    }
+    lru_.splice(lru_.begin(), lru_, it->second);
+    out = it->second->second;
+    return true;
+}
+
+void MessageBoundaryFinder::insert(const MemoKey& key, const TextId& id) const {
+    if (memo_entries_ == 0) {
+        return;
+    }
+    if (const auto it = memo_.find(key); it != memo_.end()) {
+        it->second->second = id;
+        lru_.splice(lru_.begin(), lru_, it->second);
+        return;
+    }
+    lru_.emplace_front(key, id);
+    memo_.emplace(key, lru_.begin());
+    while (memo_.size() > memo_entries_) {
+        memo_.erase(lru_.back().first);
+        lru_.pop_back();
+    }
+}
+
+void MessageBoundaryFinder::remember(const cache::Digest& key, bool add_generation_prompt,
+                                     const std::string& text) const {
+    const TextId id = text_id(text);
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    insert(MemoKey{key, add_generation_prompt}, id);
+}
+
+void MessageBoundaryFinder::prepare(const cache::Digest& key,
+                                    const std::vector<runtime::ChatMessage>& messages,
+                                    bool add_generation_prompt) const {
+    const MemoKey memo_key{key, add_generation_prompt};
+    {
+        std::lock_guard<std::mutex> lock(memo_mutex_);
+        if (memo_.contains(memo_key)) {
+            return;
+        }
+    }
+    std::string text;
+    try {
+        text = chat_template_.render(messages, add_generation_prompt);
+    } catch (const std::exception&) {
+        return;
+    }
+    const TextId id = text_id(text);
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    insert(memo_key, id);
+}
+
+MessageBoundaryFinder::Stats MessageBoundaryFinder::stats() const {
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    return stats_;
+}
+
+std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::ChatMessage>& messages,
+                                                 const MessageKeys& keys, const std::string& prompt,
+                                                 const std::vector<runtime::Token>& tokens) const {
+    // The heads the definition renders, in its order, within the render budget.
+    struct Head {
+        size_t k = 0;
+        bool generation_prompt = false;
+        bool known = false;  // the memo has its text and the prompt starts with it
+        TextId id;
+    };
+    std::vector<Head> heads;
+    size_t cost = 0;
+    for (size_t k = 1; k < messages.size(); ++k) {
+        cost += boundary_render_cost(k, messages[k]);
+        if (cost > render_budget_) {
+            break;  // depends only on messages[0..k]: the same cut-off in the next turn
+        }
+        Head head;
+        head.k = k;
+        heads.push_back(head);
+        if (messages[k].role == "assistant") {
+            head.generation_prompt = true;
+            heads.push_back(head);
+        }
+    }
+    const TokenTextMap text_map(*this, tokens, prompt);
+    if (text_map.valid()) {
+        std::lock_guard<std::mutex> lock(memo_mutex_);
+        for (auto& head : heads) {
+            head.known = lookup(MemoKey{keys[head.k], head.generation_prompt}, head.id) &&
+                         head.id.bytes <= prompt.size();
+        }
+    }
+    // A remembered text counts only if the prompt starts with it: one pass of the prompt's
+    // prefix hashes, checked at each remembered length.
+    std::vector<Head*> by_length;
+    for (auto& head : heads) {
+        if (head.known) {
+            by_length.push_back(&head);
+        }
+    }
+    std::sort(by_length.begin(), by_length.end(),
+              [](const Head* a, const Head* b) { return a->id.bytes < b->id.bytes; });
+    uint64_t h1 = 0;
+    uint64_t h2 = 0;
+    size_t hashed = 0;
+    for (Head* head : by_length) {
+        for (; hashed < head->id.bytes; ++hashed) {
+            const auto c = static_cast<unsigned char>(prompt[hashed]);
+            h1 = hash_step(h1, base1_, c);
+            h2 = hash_step(h2, base2_, c);
+        }
+        head->known = h1 == head->id.h1 && h2 == head->id.h2;
+    }
+
+    std::vector<int32_t> boundaries;
+    std::vector<std::pair<MemoKey, TextId>> rendered;
+    uint64_t hits = 0;
+    for (const auto& head : heads) {
+        size_t boundary = 0;
+        if (head.known) {
+            boundary = text_map.tokens_before(head.id.bytes);
+            ++hits;
+        } else {
+            const std::vector<runtime::ChatMessage> part(
+                messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(head.k));
+            const std::string text = chat_template_.render(part, head.generation_prompt);
+            if (text_map.valid() && prompt.compare(0, text.size(), text) == 0) {
+                boundary = text_map.tokens_before(text.size());
+            } else {
+                boundary = common_prefix(model_.tokenize(text, true, true), tokens);
+            }
+            rendered.emplace_back(MemoKey{keys[head.k], head.generation_prompt}, text_id(text));
+        }
+        if (boundary > 0) {
+            boundaries.push_back(static_cast<int32_t>(boundary));
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lock(memo_mutex_);
+        for (const auto& [key, id] : rendered) {
+            insert(key, id);
+        }
+        stats_.renders += rendered.size();
+        stats_.memo_hits += hits;
+    }
+    std::sort(boundaries.begin(), boundaries.end());
+    boundaries.erase(std::unique(boundaries.begin(), boundaries.end()), boundaries.end());
+    return boundaries;
+}
+
+}  // namespace skippy::server
