@@ -473,7 +473,23 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     std::sort(state.pending.begin(), state.pending.end());
     state.pending.erase(std::unique(state.pending.begin(), state.pending.end()),
                         state.pending.end());
+    trim_checkpoints(state);
     update_lane_gauge();
+}
+
+void PrefixCacheStage::trim_checkpoints(LaneState& state) const {
+    // Bounded memory: the newest few checkpoints (where the next request most likely
+    // diverges) plus those that pending records still need.
+    constexpr size_t kKeep = 4;
+    std::sort(state.checkpoints.begin(), state.checkpoints.end(),
+              [](const Checkpoint& a, const Checkpoint& b) { return a.n_tokens < b.n_tokens; });
+    const size_t n = state.checkpoints.size();
+    size_t i = 0;
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
+        const bool recent = i++ + kKeep >= n;
+        return !recent && !std::binary_search(state.pending.begin(), state.pending.end(),
+                                              cp.n_tokens);
+    });
 }
 
 void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane) {
@@ -484,6 +500,7 @@ void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane
     std::vector<int32_t> positions = std::move(state.pending);
     state.pending.clear();
     submit_records(context, lane, state, std::move(positions), false);
+    trim_checkpoints(state);
     update_lane_gauge();
 }
 

@@ -112,6 +112,7 @@ class PrefixCacheStage final : public StageBackend {
                       bool recurrent_only, std::string& reason, LookupEvent& event);
     void update_lane_gauge();
     void flush_lane(runtime::InferenceContext& context, SeqId lane);
+    void trim_checkpoints(LaneState& state) const;
     void submit_records(runtime::InferenceContext& context, SeqId lane, LaneState& state,
                         std::vector<int32_t> positions, bool turn_end);
 
