@@ -7,6 +7,7 @@
 #include "cache/prefix_identity.h"
 #include "runtime/runtime_version.h"
 #include "runtime/seq_state_format.h"
+#include "stage/lane_record_job.h"
 
 namespace skippy::stage {
 
@@ -487,8 +488,8 @@ void PrefixCacheStage::trim_checkpoints(LaneState& state) const {
     size_t i = 0;
     std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
         const bool recent = i++ + kKeep >= n;
-        return !recent && !std::binary_search(state.pending.begin(), state.pending.end(),
-                                              cp.n_tokens);
+        return !recent &&
+               !std::binary_search(state.pending.begin(), state.pending.end(), cp.n_tokens);
     });
 }
 
@@ -523,12 +524,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     std::sort(positions.begin(), positions.end());
     positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
     // Cheap, non-blocking admission checks before paying for the export.
-    struct Item {
-        int32_t n;
-        cache::PageId page;
-        std::shared_ptr<const std::vector<uint8_t>> recurrent;  // partial-only blob at n
-    };
-    std::vector<Item> items;
+    std::vector<LaneRecordItem> items;
     for (int32_t p : positions) {
         if (p < static_cast<int32_t>(policy_.min_tokens) ||
             p > static_cast<int32_t>(state.tokens.size())) {
@@ -546,7 +542,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
             telemetry_->record(event);
             continue;
         }
-        Item item{p, page, {}};
+        LaneRecordItem item{p, page, {}};
         if (layout_.has_recurrent) {
             auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
                                    [&](const Checkpoint& c) { return c.n_tokens == p; });
@@ -596,96 +592,17 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     event.bytes = captured->blob.size();
     const uint64_t charged = captured->blob.size();
     queued_bytes_->fetch_add(charged);
-    auto shared_items = std::make_shared<std::vector<Item>>(std::move(items));
-    auto tokens = std::make_shared<std::vector<Token>>(state.tokens);
-    cache::ExactStateCache* exact = exact_.get();
-    CacheTelemetry* telemetry = telemetry_.get();
-    const PayloadLayout layout = layout_;
+    LaneRecord record;
+    record.ns = ns;
+    record.captured = std::move(captured);
+    record.items = std::move(items);
+    record.tokens = state.tokens;
     auto queued_bytes = queued_bytes_;
-    const int32_t lane_end = static_cast<int32_t>(state.tokens.size());
-    auto run = [exact, telemetry, layout, captured, shared_items, tokens, ns, queued_bytes, charged,
-                lane_end]() -> bool {
-        struct Uncharge {
-            std::shared_ptr<std::atomic<uint64_t>> bytes;
-            uint64_t n;
-            ~Uncharge() { bytes->fetch_sub(n); }
-        } uncharge{queued_bytes, charged};
-        bool all_ok = true;
-        const auto body = runtime::seq_state_body(captured->blob);
-        const size_t attention_bytes = body.size() - captured->recurrent_bytes;
-        for (Item& item : *shared_items) {
-            RecordEvent done;
-            done.payload = cache::to_string(layout.kind);
-            done.tokens = item.n;
-            done.page_id = item.page.str();
-            try {
-                EncodedPayload encoded;
-                if (layout.kind == cache::PayloadKind::FullState) {
-                    if (item.n != static_cast<int32_t>(captured->n_tokens)) {
-                        continue;  // a full state exists only for the lane's own end
-                    }
-                    encoded = encode_payload(*captured, layout);
-                } else {
-                    CapturedState part;
-                    part.n_tokens = static_cast<uint32_t>(item.n);
-                    auto& d = encoded.descriptor;
-                    runtime::EncodedKvPages pages = runtime::encode_kv_pages(
-                        body.first(attention_bytes), part.n_tokens, captured->n_tokens);
-                    encoded.bytes = std::move(pages.bytes);
-                    encoded.cuts = std::move(pages.cuts);
-                    d.kind = layout.kind;
-                    d.token_begin = 0;
-                    d.token_end = part.n_tokens;
-                    d.layer_begin = 0;
-                    d.layer_end = layout.n_layer;
-                    d.k_type = layout.k_type;
-                    d.v_type = layout.v_type;
-                    d.kv_bytes = encoded.bytes.size();
-                    if (layout.has_recurrent) {
-                        std::span<const uint8_t> rec;
-                        if (item.recurrent) {
-                            rec = runtime::seq_state_body(*item.recurrent);
-                        } else if (item.n == lane_end) {
-                            rec = body.last(captured->recurrent_bytes);
-                        }
-                        if (rec.empty()) {
-                            throw std::runtime_error("no recurrent state for the checkpoint");
-                        }
-                        encoded.cuts.push_back(encoded.bytes.size());
-                        encoded.bytes.insert(encoded.bytes.end(), rec.begin(), rec.end());
-                        d.recurrent_bytes = rec.size();
-                    }
-                    d.payload_bytes = encoded.bytes.size();
-                }
-                const auto key = std::span<const Token>(*tokens).first(static_cast<size_t>(item.n));
-                const cache::ExactInsertResult r = exact->insert(
-                    ns, key, item.page, encoded.descriptor, encoded.bytes, encoded.cuts);
-                done.bytes = encoded.bytes.size();
-                done.decision = r.stored() ? "stored"
-                                : r.status == cache::ExactInsertStatus::AlreadyPresent
-                                    ? "already_present"
-                                    : "failed";
-                if (done.decision == "failed") {
-                    done.reason = cache::to_string(r.status);
-                    all_ok = false;
-                }
-                done.new_blocks = r.blocks.new_blocks;
-                done.reused_blocks = r.blocks.reused_blocks;
-                done.hash_ms = r.blocks.hash_seconds * 1000.0;
-                done.evicted = r.evicted.size();
-            } catch (const std::exception& e) {
-                done.decision = "failed";
-                done.reason = e.what();
-                all_ok = false;
-            }
-            if (auto stats = exact->try_stats()) {
-                done.entries = stats->entries;
-            }
-            telemetry->record(done);
-        }
-        return all_ok;
-    };
+    auto run = make_lane_record_job(std::move(record), *exact_, *telemetry_, layout_,
+                                    [queued_bytes, charged] { queued_bytes->fetch_sub(charged); });
+    // (the release runs when the job is destroyed: after it ran, or when it was dropped)
     const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
+
     event.decision = admission == cache::Admission::Queued ? "queued" : "dropped_full";
     telemetry_->record(event);
 }
