@@ -9,6 +9,9 @@ namespace skippy::stage {
 namespace {
 
 struct ReleaseGuard {
+    ReleaseGuard() = default;
+    ReleaseGuard(const ReleaseGuard&) = delete;
+    ReleaseGuard& operator=(const ReleaseGuard&) = delete;
     std::function<void()> fn;
     ~ReleaseGuard() {
         if (fn) {
@@ -61,7 +64,8 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                                            CacheTelemetry& telemetry, const PayloadLayout& layout,
                                            std::function<void()> on_release) {
     auto shared = std::make_shared<LaneRecord>(std::move(record));
-    auto guard = std::make_shared<ReleaseGuard>(ReleaseGuard{std::move(on_release)});
+    auto guard = std::make_shared<ReleaseGuard>();  // built in place: it must run fn once
+    guard->fn = std::move(on_release);
     return [shared, guard, &exact, &telemetry, layout]() -> bool {
         bool all_ok = true;
         for (const LaneRecordItem& item : shared->items) {

@@ -501,7 +501,6 @@ void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane
     std::vector<int32_t> positions = std::move(state.pending);
     state.pending.clear();
     submit_records(context, lane, state, std::move(positions), false);
-    trim_checkpoints(state);
     update_lane_gauge();
 }
 

@@ -68,6 +68,8 @@ class PrefixCacheStage final : public StageBackend {
     void idle(runtime::InferenceContext& context) override;
     // Lanes whose records still wait for their export (any thread; tests wait for 0).
     size_t lanes_pending() const { return lanes_pending_.load(std::memory_order_acquire); }
+    // Bytes of captured states charged to the record queue (0 once the queue is idle).
+    uint64_t queued_bytes() const { return queued_bytes_->load(); }
 
     std::string metrics_text() const;
     cache::PayloadKind payload() const { return layout_.kind; }
