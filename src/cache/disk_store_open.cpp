@@ -91,20 +91,24 @@ DiskOpenResult DiskStore::open_folder() {
         ::fchmod(root_.get(), 0700);  // tenants' state: owner only (best effort)
     }
 
-    // Lock first: nothing below may run while another store owns the folder.
+    // Lock first: nothing below may run while another store owns the folder. The lock is
+    // held through a read-only descriptor (flock does not need write access), so that no
+    // file stays open for writing between writes (a filesystem can then be remounted
+    // read-only under a live store, which degrades to ReadOnly at its next write).
     bool writable = true;
     std::string read_only_why;
-    int lfd = ::openat(root_.get(), "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lfd < 0) {
-        err = errno;
-        if (err != EROFS && err != EACCES && err != EPERM) {
-            return unusable("cannot create the lock file in", err);
+    {
+        const int create = ::openat(root_.get(), "LOCK", O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (create >= 0) {
+            ::close(create);
+        } else if (errno == EROFS || errno == EACCES || errno == EPERM) {
+            writable = false;
+            read_only_why = "LOCK: " + disk::errno_text(errno);
+        } else {
+            return unusable("cannot create the lock file in", errno);
         }
-        writable = false;
-        read_only_why = "LOCK: " + disk::errno_text(err);
-        lfd = ::openat(root_.get(), "LOCK", O_RDONLY | O_CLOEXEC);  // may not exist: no lock
     }
-    lock_.reset(lfd);
+    lock_.reset(::openat(root_.get(), "LOCK", O_RDONLY | O_CLOEXEC));  // absent: no lock
     if (lock_.valid()) {
         if (::flock(lock_.get(), (writable ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
             err = errno;
@@ -119,12 +123,15 @@ DiskOpenResult DiskStore::open_folder() {
             }
             return unusable("cannot lock", err);
         }
-        if (writable) {
+        if (writable) {  // the owner's pid, for the message above (best effort)
+            disk::Fd pid_fd(::openat(root_.get(), "LOCK", O_WRONLY | O_TRUNC | O_CLOEXEC));
             const std::string pid = std::to_string(::getpid()) + "\n";
-            if (::ftruncate(lock_.get(), 0) == 0) {
-                [[maybe_unused]] ssize_t n = ::pwrite(lock_.get(), pid.data(), pid.size(), 0);
+            if (pid_fd.valid()) {
+                [[maybe_unused]] ssize_t n = ::write(pid_fd.get(), pid.data(), pid.size());
             }
         }
+    } else if (writable) {
+        return unusable("cannot open the lock file in", errno);
     }
 
     blocks_dir_ = disk::make_dir(root_.get(), "blocks", 0700, &created, &err);
