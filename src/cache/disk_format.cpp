@@ -260,7 +260,7 @@ std::optional<Manifest> decode_manifest(std::span<const uint8_t> bytes, std::str
         fail(why, "truncated manifest header");
         return std::nullopt;
     }
-    if (kind > static_cast<uint8_t>(PayloadKind::KvRecurrent)) {
+    if (kind > static_cast<uint8_t>(PayloadKind::KvPages)) {
         fail(why, "unknown payload kind");
         return std::nullopt;
     }

@@ -86,6 +86,18 @@ void Scheduler::stop() {
 }
 
 Admission Scheduler::submit(GenerationRequest request, std::shared_ptr<GenerationStream> stream) {
+    if (request.cache_enabled && !request.prompt.empty()) {
+        // On the caller's thread: a slower tier's I/O delays only this request.
+        stage::PromptInfo info;
+        info.tokens = std::span<const runtime::Token>(request.prompt);
+        info.cache_namespace = request.cache_namespace;
+        info.cache_enabled = request.cache_enabled;
+        try {
+            stage_->prefetch(info);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "skippy: cache prefetch failed: %s\n", e.what());
+        }
+    }
     {
         std::lock_guard<std::mutex> lock(queue_mutex_);
         if (stopping_) {
@@ -187,6 +199,11 @@ void Scheduler::run() {
         if (slot->active && !slot->post_turn) {
             fail_slot(*slot, 503, "server_shutting_down", "server is shutting down");
         }
+    }
+    try {
+        stage_->idle(*context_);  // records still waiting for their lane's export
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: final record export failed: %s\n", e.what());
     }
     std::lock_guard<std::mutex> lock(queue_mutex_);
     for (auto& pending : incoming_) {

@@ -9,8 +9,9 @@
 // (the end of the turn) at the lowest priority; that work yields to waiting requests.
 //
 // Thread safety: submit(), stats() and stop() may be called from any thread; they touch
-// only the admission queue under `queue_mutex_`. Everything else runs on the scheduler
-// thread, which is the only thread that calls into the InferenceContext or the stage.
+// only the admission queue under `queue_mutex_` (and submit() the stage's thread-safe
+// prefetch, before queueing). Everything else runs on the scheduler thread, which is the
+// only thread that calls into the InferenceContext or the stage's other hooks.
 #pragma once
 
 #include <atomic>

@@ -61,12 +61,13 @@ EncodedPayload encode_item(const CapturedState& captured, const LaneRecordItem& 
 }  // namespace
 
 std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateCache& exact,
-                                           CacheTelemetry& telemetry, const PayloadLayout& layout,
+                                           cache::DiskStore* disk, CacheTelemetry& telemetry,
+                                           const PayloadLayout& layout,
                                            std::function<void()> on_release) {
     auto shared = std::make_shared<LaneRecord>(std::move(record));
     auto guard = std::make_shared<ReleaseGuard>();  // built in place: it must run fn once
     guard->fn = std::move(on_release);
-    return [shared, guard, &exact, &telemetry, layout]() -> bool {
+    return [shared, guard, &exact, disk, &telemetry, layout]() -> bool {
         bool all_ok = true;
         for (const LaneRecordItem& item : shared->items) {
             RecordEvent done;
@@ -74,7 +75,7 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
             done.tokens = item.n;
             done.page_id = item.page.str();
             try {
-                const EncodedPayload encoded = encode_item(*shared->captured, item, layout);
+                EncodedPayload encoded = encode_item(*shared->captured, item, layout);
                 const auto key = std::span<const cache::Token>(shared->tokens)
                                      .first(static_cast<size_t>(item.n));
                 const cache::ExactInsertResult r = exact.insert(
@@ -87,6 +88,11 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                 if (done.decision == "failed") {
                     done.reason = cache::to_string(r.status);
                     all_ok = false;
+                }
+                if (disk != nullptr &&
+                    (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent)) {
+                    disk->submit_write(shared->ns, key, item.page, encoded.descriptor,
+                                       std::move(encoded.bytes), std::move(encoded.cuts));
                 }
                 done.new_blocks = r.blocks.new_blocks;
                 done.reused_blocks = r.blocks.reused_blocks;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "cache/disk_store.h"
 #include "cache/exact_state_cache.h"
 #include "cache/namespace_id.h"
 #include "cache/page_id.h"
@@ -38,8 +39,11 @@ struct LaneRecord {
     std::vector<cache::Token> tokens;  // the lane's prefilled tokens (each item a prefix)
 };
 
+// `disk` (may be null): every stored payload is also queued for the disk tier (its own
+// bounded writer; write-through, so what a restart finds is what RAM held).
 std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateCache& exact,
-                                           CacheTelemetry& telemetry, const PayloadLayout& layout,
+                                           cache::DiskStore* disk, CacheTelemetry& telemetry,
+                                           const PayloadLayout& layout,
                                            std::function<void()> on_release);
 
 }  // namespace skippy::stage

@@ -71,9 +71,74 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     cache::RecordQueueOptions queue_options;
     queue_options.capacity = std::max<uint32_t>(1, config.record_queue_capacity);
     queue_ = std::make_unique<cache::RecordQueue>(queue_options);
+    if (config.disk && config.mode != CacheMode::Off && !config.disk_dir.empty()) {
+        cache::DiskStoreOptions disk;
+        disk.dir = config.disk_dir;
+        disk.max_bytes = config.disk_max_bytes;
+        disk.min_free_bytes = config.disk_min_free;
+        cache::DiskOpenResult opened = cache::DiskStore::open(std::move(disk));
+        if (opened.store) {
+            disk_ = std::move(opened.store);
+            const auto st = disk_->stats();
+            disk_note_ = "disk=" + config.disk_dir + " (" + cache::to_string(disk_->mode()) + ", " +
+                         std::to_string(st.entries) + " entries, reconciled in " +
+                         std::to_string(st.reconcile_ms) + " ms)";
+            if (!opened.message.empty()) {
+                disk_note_ += " " + opened.message;
+            }
+        } else {
+            disk_note_ = "disk=off (" + opened.message + "; serving from RAM only)";
+        }
+    } else {
+        disk_note_ = "disk=off";
+    }
 }
 
-PrefixCacheStage::~PrefixCacheStage() { queue_->stop(false); }
+PrefixCacheStage::~PrefixCacheStage() {
+    // Queued records finish (they also feed the disk tier), then the disk writer drains.
+    queue_->stop(true);
+    if (disk_) {
+        disk_->close(true);
+    }
+}
+
+void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
+    if (!disk_ || !lookups_enabled(prompt)) {
+        return;
+    }
+    const int32_t limit = max_restorable(static_cast<int32_t>(prompt.tokens.size()));
+    if (limit < static_cast<int32_t>(policy_.min_tokens)) {
+        return;
+    }
+    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    const auto query = prompt.tokens.first(static_cast<size_t>(limit));
+    const auto ram = exact_->peek_longest(ns, query);
+    const auto on_disk = disk_->peek_longest(ns, query);
+    if (!on_disk || (ram && ram->len >= on_disk->len)) {
+        return;
+    }
+    std::optional<cache::DiskHit> hit = disk_->acquire_longest(ns, query);
+    if (!hit) {
+        return;
+    }
+    cache::DiskReadResult read = disk_->read(hit->lease);  // verified; bad entries quarantined
+    if (!read.ok()) {
+        disk_read_failures_.fetch_add(1);
+        return;
+    }
+    const auto key = query.first(hit->len);
+    const auto cuts = payload_cuts(read.bytes.span(), hit->descriptor);
+    const cache::ExactInsertResult r =
+        exact_->insert(ns, key, hit->page, hit->descriptor, read.bytes.span(), cuts);
+    if (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent) {
+        disk_promotions_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        promoted_.push_back(hit->page);
+        if (promoted_.size() > 64) {
+            promoted_.erase(promoted_.begin());
+        }
+    }
+}
 
 void PrefixCacheStage::attach(runtime::InferenceContext& context, uint32_t n_lanes) {
     lanes_.assign(n_lanes, LaneState{});
@@ -321,6 +386,12 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     if (import_entry(context, lane, *hit, recurrent_only, reason, event)) {
         event.decision = CacheDecision::ExactHit;
         event.tier = recurrent_only ? CacheTier::Lane : CacheTier::Ram;
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        if (auto it = std::find(promoted_.begin(), promoted_.end(), hit->page);
+            it != promoted_.end()) {
+            event.tier = CacheTier::Disk;  // promoted from disk for this request
+            promoted_.erase(it);
+        }
         return stored;
     }
     context.seq_clear(lane);
@@ -597,7 +668,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     record.items = std::move(items);
     record.tokens = state.tokens;
     auto queued_bytes = queued_bytes_;
-    auto run = make_lane_record_job(std::move(record), *exact_, *telemetry_, layout_,
+    auto run = make_lane_record_job(std::move(record), *exact_, disk_.get(), *telemetry_, layout_,
                                     [queued_bytes, charged] { queued_bytes->fetch_sub(charged); });
     // (the release runs when the job is destroyed: after it ran, or when it was dropped)
     const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
@@ -648,6 +719,38 @@ std::string PrefixCacheStage::metrics_text() const {
           static_cast<double>(queued_bytes_->load()));
     gauge("skippy_cache_record_worker_failures", "Record jobs that failed in the worker.",
           static_cast<double>(q.failed));
+    if (disk_) {
+        const auto d = disk_->stats();
+        gauge("skippy_cache_disk_entries", "Entries in the disk tier.",
+              static_cast<double>(d.entries));
+        gauge("skippy_cache_disk_bytes", "Bytes of the disk tier (blocks + manifests).",
+              static_cast<double>(d.disk_bytes));
+        gauge("skippy_cache_disk_read_only", "1 when the disk tier stopped writing.",
+              d.mode == cache::DiskMode::ReadOnly ? 1.0 : 0.0);
+        gauge("skippy_cache_disk_write_queue_depth", "Disk writes queued or running.",
+              static_cast<double>(d.queue_depth));
+        gauge("skippy_cache_disk_reconcile_ms", "Start-up reconciliation of the disk tier.",
+              d.reconcile_ms);
+        auto counter = [&](const char* name, const char* help, double v) {
+            out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" +
+                   name + " " + std::to_string(v) + "\n";
+        };
+        counter("skippy_cache_disk_hits_total", "Disk lookups that found a longer prefix.",
+                static_cast<double>(d.hits));
+        counter("skippy_cache_disk_promotions_total", "Entries read from disk into RAM.",
+                static_cast<double>(disk_promotions_.load()));
+        counter("skippy_cache_disk_writes_total", "Entries committed to disk (demotions).",
+                static_cast<double>(d.writes));
+        counter("skippy_cache_disk_write_failures_total",
+                "Disk writes that failed (I/O errors, no space).",
+                static_cast<double>(d.write_failures + d.write_no_room));
+        counter("skippy_cache_disk_write_dropped_total", "Disk writes dropped (queue full).",
+                static_cast<double>(d.dropped_full));
+        counter("skippy_cache_disk_read_failures_total", "Disk reads that failed verification.",
+                static_cast<double>(disk_read_failures_.load()));
+        counter("skippy_cache_disk_quarantined_total", "Disk entries removed as bad.",
+                static_cast<double>(d.quarantines));
+    }
     gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
           static_cast<double>(lane_tokens_.load(std::memory_order_relaxed)));
     return out;

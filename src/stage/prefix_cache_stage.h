@@ -29,10 +29,12 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cache/candidate_policy.h"
+#include "cache/disk_store.h"
 #include "cache/exact_state_cache.h"
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
@@ -64,6 +66,7 @@ class PrefixCacheStage final : public StageBackend {
                  std::span<const Token> canonical, bool turn_end) override;
     void discard(runtime::InferenceContext& context, SeqId lane) override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
+    void prefetch(const PromptInfo& prompt) override;
     bool has_idle_work() const override;
     void idle(runtime::InferenceContext& context) override;
     // Lanes whose records still wait for their export (any thread; tests wait for 0).
@@ -75,6 +78,9 @@ class PrefixCacheStage final : public StageBackend {
     cache::PayloadKind payload() const { return layout_.kind; }
     // Test hooks.
     cache::ExactStateCache* exact_cache() { return exact_.get(); }
+    cache::DiskStore* disk_store() { return disk_.get(); }
+    // Start-up note about the disk tier (opened, read-only, locked by another process...).
+    const std::string& disk_note() const { return disk_note_; }
     cache::RecordQueue* record_queue() { return queue_.get(); }
     cache::NamespaceId namespace_for(const std::string& key) const;
     // Forgets what the lanes hold (so the next restore comes from the stored entries).
@@ -124,6 +130,12 @@ class PrefixCacheStage final : public StageBackend {
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
     std::unique_ptr<cache::ExactStateCache> exact_;
+    std::unique_ptr<cache::DiskStore> disk_;  // null: no disk tier
+    std::string disk_note_;
+    // Pages promoted from disk by prefetch() and not restored yet (tier reporting).
+    mutable std::mutex promoted_mutex_;
+    std::vector<cache::PageId> promoted_;
+    std::atomic<uint64_t> disk_promotions_{0}, disk_read_failures_{0};
     std::unique_ptr<cache::RecordQueue> queue_;
     std::unique_ptr<CacheTelemetry> telemetry_;
     std::vector<LaneState> lanes_;
