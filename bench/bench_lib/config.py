@@ -122,7 +122,7 @@ PROFILES = {
 WORKLOADS = ["family", "chat", "multisession", "agent", "agent_edits", "concurrency", "cold"]
 
 # skippy's flags that the harness names, in one place (the lead may rename them).
-SKIPPY_FLASH_ATTN_ARGS = ["--flash-attn"]   # only passed when --flash-attn is asked for
+SKIPPY_FLASH_ATTN_ARGS = ["--flash-attn", "on"]   # only passed when --flash-attn is asked for
 SKIPPY_CACHE_MODE_FLAG = "--cache-mode"
 SKIPPY_CACHE_OFF = "off"
 SKIPPY_CACHE_PAYLOAD_FLAG = "--cache-payload"  # not passed by default: skippy picks its payload

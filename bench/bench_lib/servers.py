@@ -10,7 +10,9 @@ import http.client
 import json
 import re
 import socket
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -79,10 +81,14 @@ class ServerSettings:
         return self.batch if self.batch else (512 if self.equal else None)
 
 
-def skippy_argv(bins, settings, variant, model, ctx):
+def skippy_argv(bins, settings, variant, model, ctx, cache_dir=None):
     argv = [bins.skippy, "serve", "--model", model, "--host", HOST, "--port", "0",
             "--lanes", str(variant.lanes), "--ctx-size", str(ctx),
             "--threads", str(settings.threads)]
+    # skippy's disk tier is on by default: every run gets a fresh folder (deleted when the
+    # server stops) unless the caller passes one to carry across a restart.
+    if cache_dir:
+        argv += ["--cache-dir", cache_dir]
     batch = settings.batch_size()
     if batch:
         argv += ["--batch-size", str(batch)]
@@ -128,6 +134,7 @@ class ServerProcess:
         self.proc = None
         self._port_seen = threading.Event()
         self._log_file = None
+        self.owned_dir = None  # a cache folder this process alone uses: deleted at stop
 
     def start(self, ready_timeout):
         self.proc = _spawn(self.argv)
@@ -197,6 +204,9 @@ class ServerProcess:
         if self._log_file:
             self._log_file.close()
             self._log_file = None
+        if self.owned_dir:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
+            self.owned_dir = None
         return self.proc.returncode
 
 
@@ -212,11 +222,16 @@ def _spawn(argv, attempts=15):
             time.sleep(2.0)
 
 
-def start_server(bins, settings, variant, model, ctx, log_path=None):
+def start_server(bins, settings, variant, model, ctx, log_path=None, cache_dir=None):
     """Starts the server for `variant` and waits until /health answers 200."""
     if variant.is_skippy:
-        argv = skippy_argv(bins, settings, variant, model, ctx)
-        return ServerProcess(variant.label, argv, None, log_path).start(settings.ready_timeout)
+        own_dir = None
+        if cache_dir is None:
+            own_dir = cache_dir = tempfile.mkdtemp(prefix="skippy-bench-cache-")
+        argv = skippy_argv(bins, settings, variant, model, ctx, cache_dir)
+        server = ServerProcess(variant.label, argv, None, log_path)
+        server.owned_dir = own_dir
+        return server.start(settings.ready_timeout)
     last_error = None
     for _ in range(3):  # the free port can be taken between probing and binding: retry
         port = free_port()
