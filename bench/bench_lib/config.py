@@ -67,6 +67,7 @@ PROFILES = {
                         "shared_prefix_tokens": 512, "suffix_tokens": [64, 192],
                         "unique_tokens": [256, 640], "max_tokens": 32, "deadline_s": 300},
         "cold": {"prompts": 8, "prompt_tokens": 1024, "max_tokens": 8, "deadline_s": 240},
+        "restart": {"prefix_tokens": 4096, "reps": 3, "lane_ctx": 8192, "deadline_s": 300},
     },
     "quick": {
         "rounds": 2,
@@ -89,6 +90,7 @@ PROFILES = {
                         "shared_prefix_tokens": 48, "suffix_tokens": [8, 24],
                         "unique_tokens": [32, 64], "max_tokens": 8, "deadline_s": 60},
         "cold": {"prompts": 3, "prompt_tokens": 96, "max_tokens": 4, "deadline_s": 60},
+        "restart": {"prefix_tokens": 256, "reps": 2, "lane_ctx": 1024, "deadline_s": 60},
     },
     # Real-model shapes (~0.45B and ~1.1B parameters with the 32k vocabulary, f16) are
     # 10-100x slower per token than the full profile's models (measured on 2 cores: a cold
@@ -116,10 +118,12 @@ PROFILES = {
                         "shared_prefix_tokens": 512, "suffix_tokens": [32, 96],
                         "unique_tokens": [128, 320], "max_tokens": 16, "deadline_s": 900},
         "cold": {"prompts": 3, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
+        "restart": {"prefix_tokens": 2048, "reps": 2, "lane_ctx": 4096, "deadline_s": 900},
     },
 }
 
-WORKLOADS = ["family", "chat", "multisession", "agent", "agent_edits", "concurrency", "cold"]
+WORKLOADS = ["family", "chat", "multisession", "agent", "agent_edits", "concurrency", "cold",
+             "restart"]
 
 # skippy's flags that the harness names, in one place (the lead may rename them).
 SKIPPY_FLASH_ATTN_ARGS = ["--flash-attn", "on"]   # only passed when --flash-attn is asked for

@@ -27,7 +27,7 @@ HIGHER_IS_BETTER = {"concurrency_throughput"}
 
 ORDER = ["family_128", "family_1024", "family_4096", "chat", "multisession", "agent",
          "agent_edits", "concurrency_ttft_p50", "concurrency_throughput", "cold_vs_llama",
-         "cold_vs_off", "restart"]
+         "cold_vs_off", "restart", "restart_vs_cold"]
 
 
 def key_order(key):
@@ -106,6 +106,13 @@ def model_entries(model):
             out["cold_vs_llama"] = (ratio, med, cached(h))
             ratio, med = _entry(h.get("skippy"), h.get("skippy-off"), den_label="skippy-off")
             out["cold_vs_off"] = (ratio, med, cached(h, den="skippy-off"))
+        elif name == "restart":
+            h = _headline(name, w)
+            ratio, med = _entry(h.get("skippy"), h.get("llama-server"))
+            out["restart"] = (ratio, med, cached(h))
+            cold = (s.get("by_group", {}).get("skippy") or {}).get("cold")
+            ratio, med = _entry(h.get("skippy"), cold, den_label="skippy cold")
+            out["restart_vs_cold"] = (ratio, med, {})
         else:
             # A workload this version does not know (e.g. a later `restart`): take its own
             # headline if it has one, never fail.

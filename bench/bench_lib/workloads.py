@@ -9,6 +9,8 @@ reported (see servers.Timed), plus a stable `key` that names the same prompt on 
 import dataclasses
 import random
 import threading
+import shutil
+import tempfile
 import time
 
 from . import config, prompts, servers, stats
@@ -532,8 +534,44 @@ class ColdPath(Workload):
                 "headline": headline(runs)}
 
 
+class Restart(Workload):
+    """A long shared prefix is sent once (cold), the server is stopped and started again,
+    then the prefix comes back with a new last token: skippy restores it from its disk tier
+    (same --cache-dir across the restart), llama-server has to prefill it again (its prompt
+    cache lives in RAM). Headline: the first TTFT after the restart."""
+    name = "restart"
+    title = "Restart: the first request after a server restart, long shared prefix"
+    restarts = True  # _one_run: prepare_once, restart the server (same cache folder), run_once
+
+    def __init__(self, cfg, ctx_size):
+        super().__init__(cfg, ctx_size)
+        p = cfg["prefix_tokens"]
+        self.prefix = prompts.token_prompt(f"restart-{p}", p)
+
+    def prepare_once(self, client, deadline):
+        r = client.completion(self.prefix + [prompts.token_at(0, 1)], 1)
+        return [record(r, key="restart-before", group="cold", phase="cold")]
+
+    def run_once(self, client, deadline):
+        records = []
+        for i in range(self.cfg["reps"]):
+            r = client.completion(self.prefix + [prompts.token_at(0, 2 + i)], 1)
+            group = "restart" if i == 0 else "warm"
+            records.append(record(r, key=f"restart-after-{i}", group=group, phase=group))
+        return records, {}
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        head = {v: g.get("restart") for v, g in summary.items() if g.get("restart")}
+        cold = {v: g.get("cold") for v, g in summary.items() if g.get("cold")}
+        return {"by_group": summary, "ratios": add_ratios(summary), "headline": head,
+                "restart_vs_cold": {v: stats.ratio((head.get(v) or {}).get("ttft_p50_ms"),
+                                                   (cold.get(v) or {}).get("ttft_p50_ms"))
+                                    for v in head}}
+
+
 ALL = {w.name: w for w in (FamilyTable, MultiTurnChat, MultiSession, AgentLoop, AgentEdits,
-                           Concurrency, ColdPath)}
+                           Concurrency, ColdPath, Restart)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,9 +607,14 @@ def _one_run(model, workload, variant, rnd):
     if model.log_dir:
         log_path = f"{model.log_dir}/{model.name}-{workload.name}-{variant.label}-r{rnd}.log"
     started = time.monotonic()
+    # A workload that restarts the server keeps one cache folder across the restart.
+    cache_dir = None
+    if getattr(workload, "restarts", False) and variant.is_skippy:
+        cache_dir = tempfile.mkdtemp(prefix="skippy-bench-restart-")
     try:
         server = servers.start_server(model.bins, model.settings, variant, model.path,
-                                      workload.server_ctx(variant), log_path)
+                                      workload.server_ctx(variant), log_path,
+                                      cache_dir=cache_dir)
     except servers.ServerError as e:
         run["error"] = str(e)
         model.progress(f"  {workload.name} r{rnd} {variant.label}: SERVER FAILED\n{e}")
@@ -586,7 +629,17 @@ def _one_run(model, workload, variant, rnd):
         warm = client.completion(prompts.token_prompt("warmup", 16), 2)
         if not warm.ok:
             run["error"] = f"warmup request failed: {warm.error}"
+        before = []
+        if getattr(workload, "restarts", False):
+            before = workload.prepare_once(client, deadline)
+            server.stop()  # SIGTERM: skippy writes what it recorded to its disk tier
+            server = servers.start_server(model.bins, model.settings, variant, model.path,
+                                          workload.server_ctx(variant), log_path,
+                                          cache_dir=cache_dir)
+            client = Client(server.port, model.request_timeout, deadline, native,
+                            model.ignore_eos)
         records, extra = workload.run_once(client, deadline)
+        records = before + records
         for r in records:
             r["variant"], r["round"] = variant.label, rnd
         run["records"], run["extra"] = records, extra
@@ -597,6 +650,8 @@ def _one_run(model, workload, variant, rnd):
             run["error"] = f"server exited during the run:\n{server.log_tail()}"
     finally:
         server.stop()
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     run["wall_s"] = time.monotonic() - started
     s = stats.summarize(run["records"])
     p50 = s["ttft_p50_ms"]
