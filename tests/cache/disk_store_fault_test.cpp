@@ -418,12 +418,15 @@ TEST(DiskStoreFaults, PermissionDenied) {
         if (store.peek_longest(ns, c.tokens)) {
             return "the unreadable entry is still served";
         }
+        store.flush();  // its manifest is deleted before the folder becomes read-only
         ::chmod((dir + "/manifests").c_str(), 0500);
         submit(store, ns, b);
         store.flush();
         DiskStoreStats s = store.stats();
         if (s.permission_errors != 2 || s.mode != DiskMode::ReadOnly) {
-            return "a write without permission did not degrade to read-only: " + s.last_error;
+            return "a write without permission did not degrade to read-only: " + s.last_error +
+                   " permission_errors=" + std::to_string(s.permission_errors) +
+                   " mode=" + to_string(s.mode);
         }
         std::vector<uint8_t> bytes;
         if (read_exact(store, ns, a, &bytes) != DiskReadError::None || bytes != a.bytes) {
