@@ -4,7 +4,8 @@
 // SKIPPY_DISK_BENCH_DIR picks the filesystem (default $TMPDIR or /tmp). As root, cold
 // numbers drop the page cache first (/proc/sys/vm/drop_caches).
 //
-// Throughput: 32 entries of 8 MiB (1 MiB blocks), written with and without fsync, then
+// Throughput: 32 entries of 8 MiB (cut at 256 KiB pages: 32 block files each), written
+// with and without fsync, then
 // read back. Reconciliation: a synthetic 10 GiB cache (manifests plus sparse block files
 // of the real sizes, so the sweep stats real files) opened warm and cold.
 #include <fcntl.h>
