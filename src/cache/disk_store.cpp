@@ -313,9 +313,15 @@ DiskReadError DiskStore::read_entry(const Lease& lease,
                 logs.push_back("corrupt entry quarantined (" + why + ")");
             }
             counters_.last_error = why;
-            hide_entry_locked(lease.entry());
-            ++counters_.quarantines;
-            counters_.quarantines += quarantine_block_locked(bad->key);
+            // Out of descriptors or memory says nothing about the stored bytes: the entry
+            // stays (the caller falls back to prefill this time).
+            const bool transient =
+                io_err == EMFILE || io_err == ENFILE || io_err == ENOMEM || io_err == EAGAIN;
+            if (!transient) {
+                hide_entry_locked(lease.entry());
+                ++counters_.quarantines;
+                counters_.quarantines += quarantine_block_locked(bad->key);
+            }
         }
     }
     emit(logs);

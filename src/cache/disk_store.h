@@ -50,8 +50,10 @@
 // EACCES, EPERM on a write, or 8 failed writes in a row: the store degrades to ReadOnly.
 // A read that finds a missing, truncated or wrong-sized block, a checksum mismatch or an
 // I/O error returns the error and quarantines the entry (and every entry sharing the bad
-// block): hidden from lookups at once, its files deleted by the writer. Each fault kind
-// is logged once through options.log; all are counted in stats().
+// block): hidden from lookups at once, its files deleted by the writer. (EMFILE, ENFILE,
+// ENOMEM and EAGAIN only fail that read.) A block whose file does not compare equal (or
+// has another size) is never reused by a write: the new bytes get another variant name. Each fault
+// kind is logged once through options.log; all are counted in stats().
 //
 // Thread safety. Every public member may be called from any thread. One internal mutex
 // guards the index, the entry and block tables, the queue and the counters; it is never

@@ -469,8 +469,11 @@ void DiskStore::run_write(WriteJob& job) {
             disk::Fd fd(::openat(blocks_dir_.get(), path.c_str(), O_RDONLY | O_CLOEXEC));
             existing.resize(p.size);
             bool short_read = false;
-            if (fd.valid() && disk::pread_exact(fd.get(), existing, 0, &short_read) == 0 &&
-                !short_read && std::memcmp(existing.data(), bytes.data() + p.offset, p.size) == 0) {
+            struct stat st {};
+            if (fd.valid() && ::fstat(fd.get(), &st) == 0 &&
+                static_cast<uint64_t>(st.st_size) == p.size &&
+                disk::pread_exact(fd.get(), existing, 0, &short_read) == 0 && !short_read &&
+                std::memcmp(existing.data(), bytes.data() + p.offset, p.size) == 0) {
                 p.key = cand;
                 p.is_new = false;
                 break;

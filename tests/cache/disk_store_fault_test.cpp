@@ -61,6 +61,33 @@ TEST(DiskStoreFaults, BitFlipQuarantinesEveryEntrySharingTheBlock) {
     EXPECT_EQ(store->stats().entries, 1u);
 }
 
+TEST(DiskStoreFaults, CorruptBlockIsNotReusedByANewWrite) {
+    TempDir tmp;
+    const NamespaceId ns = test_namespace();
+    auto store = open_ok(quiet_options(tmp.path()));
+    const PrefixPayload a = prefix_payload(ns, 5, 64);
+    PrefixPayload b = a;  // the same bytes at another path
+    b.tokens[0] += 1;
+    b.page = prefix_identity(ns, 0, b.tokens).page_id();
+    write_all(*store, ns, {a});
+    const std::string a_block = store->debug_files(ns, a.tokens)->blocks[0];
+    flip_byte(a_block, 10);
+    write_all(*store, ns, {b});
+    const std::string b_block = store->debug_files(ns, b.tokens)->blocks[0];
+    EXPECT_EQ(b_block, a_block + "-1");  // same hash, other bytes: a new variant
+    EXPECT_EQ(store->stats().reused_blocks, 0u);
+    std::vector<uint8_t> bytes;
+    EXPECT_EQ(read_exact(*store, ns, b, &bytes), DiskReadError::None);
+    EXPECT_EQ(bytes, b.bytes);
+    EXPECT_EQ(read_exact(*store, ns, a), DiskReadError::ChecksumMismatch);
+    EXPECT_EQ(store->stats().quarantines, 1u);  // b does not use the bad file
+    store.reset();
+    store = open_ok(quiet_options(tmp.path()));
+    EXPECT_EQ(read_exact(*store, ns, b, &bytes), DiskReadError::None);
+    EXPECT_EQ(bytes, b.bytes);
+    EXPECT_EQ(count_files(tmp.sub("blocks")), 1u);
+}
+
 TEST(DiskStoreFaults, TruncatedOversizedAndMissingBlocksAtRead) {
     TempDir tmp;
     const NamespaceId ns = test_namespace();
@@ -418,12 +445,15 @@ TEST(DiskStoreFaults, PermissionDenied) {
         if (store.peek_longest(ns, c.tokens)) {
             return "the unreadable entry is still served";
         }
+        store.flush();  // its manifest is deleted before the folder becomes read-only
         ::chmod((dir + "/manifests").c_str(), 0500);
         submit(store, ns, b);
         store.flush();
         DiskStoreStats s = store.stats();
         if (s.permission_errors != 2 || s.mode != DiskMode::ReadOnly) {
-            return "a write without permission did not degrade to read-only: " + s.last_error;
+            return "a write without permission did not degrade to read-only: " + s.last_error +
+                   " permission_errors=" + std::to_string(s.permission_errors) +
+                   " mode=" + to_string(s.mode);
         }
         std::vector<uint8_t> bytes;
         if (read_exact(store, ns, a, &bytes) != DiskReadError::None || bytes != a.bytes) {
