@@ -224,7 +224,12 @@ class ConnectionCapTest(unittest.TestCase):
             self.assertEqual(metric(server, "skippy_http_connections_max"), 100)
             held = [connect(server.port) for _ in range(100)]
             try:
-                time.sleep(0.5)  # the loop has accepted them all
+                # Once the loop has accepted them all, the next connection is refused.
+                def refused():
+                    status, _, _, _ = raw_http(server.port, b"GET /health HTTP/1.1\r\n"
+                                                            b"Host: x\r\n\r\n", timeout=5)
+                    return status == 503
+                self.assertTrue(wait_for(refused, 10))
                 extra = [connect(server.port) for _ in range(20)]
                 statuses = []
                 start = time.time()
