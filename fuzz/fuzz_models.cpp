@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 
 namespace skippy::fuzz {
 

@@ -22,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,28 @@
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
 #include "stage/state_payload.h"
+
+namespace {
+// The two steps of a record (scheduler-thread copy, worker encoding) as one call, and the
+// decoder with an optional result, as the target was written against.
+skippy::stage::EncodedPayload export_payload(const skippy::runtime::InferenceContext& ctx,
+                                             skippy::runtime::SeqId lane, uint32_t n,
+                                             const skippy::stage::PayloadLayout& layout) {
+    return skippy::stage::encode_payload(skippy::stage::capture_state(ctx, lane, n, layout),
+                                         layout);
+}
+std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
+                                                   const skippy::cache::PayloadDescriptor& d,
+                                                   uint32_t n,
+                                                   const skippy::stage::PayloadLayout& layout,
+                                                   std::string* reason) {
+    std::vector<uint8_t> out;
+    if (!skippy::stage::decode_payload(bytes, d, n, layout, out, reason)) {
+        return std::nullopt;
+    }
+    return out;
+}
+}  // namespace
 
 namespace {
 
@@ -76,11 +100,14 @@ std::unique_ptr<RealPayload> make_real(const std::string& arch, const char* argv
     r->layout.n_layer = r->model->n_layer();
     r->layout.k_type = options.type_k;
     r->layout.v_type = options.type_v;
+    r->layout.has_attention = r->model->kind() != runtime::ModelKind::Recurrent;
+    r->layout.has_recurrent = r->model->kind() != runtime::ModelKind::Dense;
+    r->layout.n_stream = options.n_seq_max;
     r->n_tokens = n_tokens;
-    r->encoded = stage::export_payload(*r->context, 0, n_tokens, r->layout);
+    r->encoded = export_payload(*r->context, 0, n_tokens, r->layout);
     r->exported = r->context->state_export(0, runtime::StateScope::Full);
     std::string reason;
-    const auto decoded = stage::decode_payload(r->encoded.bytes, r->encoded.descriptor, n_tokens,
+    const auto decoded = decode_payload(r->encoded.bytes, r->encoded.descriptor, n_tokens,
                                                r->layout, &reason);
     if (!decoded) {
         fail("a fresh " + arch + " export does not decode: " + reason);
@@ -117,7 +144,7 @@ void check_validate(const cache::PayloadDescriptor& d, uint64_t actual) {
         d.layer_end <= d.layer_begin) {
         fail("validate_against accepted an inconsistent descriptor");
     }
-    if (d.kind == cache::PayloadKind::KvRecurrent &&
+    if (d.kind == cache::PayloadKind::KvPages &&
         (d.kv_bytes > d.payload_bytes || d.recurrent_bytes > d.payload_bytes ||
          d.kv_bytes + d.recurrent_bytes != d.payload_bytes)) {
         fail("validate_against accepted section sizes outside the payload (kv_bytes=" +
@@ -157,15 +184,17 @@ void check_decoded(const std::vector<uint8_t>& bytes, const cache::PayloadDescri
 void synthetic(FuzzedDataProvider& in) {
     stage::PayloadLayout layout;
     layout.kind =
-        in.ConsumeBool() ? cache::PayloadKind::KvRecurrent : cache::PayloadKind::FullState;
+        in.ConsumeBool() ? cache::PayloadKind::KvPages : cache::PayloadKind::FullState;
     layout.n_layer = in.ConsumeIntegralInRange<int32_t>(0, 64);
     layout.k_type = pick_type(in);
     layout.v_type = in.ConsumeBool() ? layout.k_type : pick_type(in);
+    layout.has_recurrent = in.ConsumeBool();
+    layout.n_stream = in.ConsumeIntegralInRange<uint32_t>(1, 4);
     const uint32_t expected = in.ConsumeIntegralInRange<uint32_t>(0, 5000);
 
     cache::PayloadDescriptor d;
     d.kind = in.ConsumeBool() ? layout.kind
-                              : (in.ConsumeBool() ? cache::PayloadKind::KvRecurrent
+                              : (in.ConsumeBool() ? cache::PayloadKind::KvPages
                                                   : cache::PayloadKind::FullState);
     d.token_begin = maybe<uint32_t>(in, 0);
     d.token_end = maybe<uint32_t>(in, expected);
@@ -184,7 +213,7 @@ void synthetic(FuzzedDataProvider& in) {
     check_validate(d, bytes.size());
     check_validate(d, d.payload_bytes);
     std::string reason;
-    const auto blob = stage::decode_payload(bytes, d, expected, layout, &reason);
+    const auto blob = decode_payload(bytes, d, expected, layout, &reason);
     if (blob) {
         check_decoded(bytes, d, expected, layout, *blob);
     } else if (reason.empty()) {
@@ -253,7 +282,7 @@ void mutated(FuzzedDataProvider& in) {
         }
     }
     std::string reason;
-    const auto blob = stage::decode_payload(bytes, d, expected, real.layout, &reason);
+    const auto blob = decode_payload(bytes, d, expected, real.layout, &reason);
     if (!blob) {
         if (reason.empty()) {
             fail("decode_payload rejected without a reason");
@@ -281,8 +310,9 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
     g_import = import != nullptr && std::string(import) == "1";
     // 70 tokens: two KV pages (64 + 6) on the hybrid model.
     g_real.push_back(make_real("llama", argv0, cache::PayloadKind::FullState, 70));
-    g_real.push_back(make_real("qwen35", argv0, cache::PayloadKind::KvRecurrent, 70));
-    g_real.push_back(make_real("mamba2", argv0, cache::PayloadKind::KvRecurrent, 9));
+    g_real.push_back(make_real("llama", argv0, cache::PayloadKind::KvPages, 70));
+    g_real.push_back(make_real("qwen35", argv0, cache::PayloadKind::KvPages, 70));
+    g_real.push_back(make_real("mamba2", argv0, cache::PayloadKind::KvPages, 9));
     return 0;
 }
 

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "server/serve_command.h"
 
 namespace {

@@ -6,8 +6,8 @@ const char* to_string(PayloadKind kind) {
     switch (kind) {
         case PayloadKind::FullState:
             return "full-state";
-        case PayloadKind::KvRecurrent:
-            return "kv-recurrent";
+        case PayloadKind::KvPages:
+            return "kv-pages";
     }
     return "?";
 }
@@ -25,7 +25,7 @@ std::optional<std::string> PayloadDescriptor::validate_against(uint64_t actual_b
     if (layer_end <= layer_begin) {
         return "empty layer range";
     }
-    if (kind == PayloadKind::KvRecurrent &&
+    if (kind == PayloadKind::KvPages &&
         (kv_bytes > payload_bytes || recurrent_bytes != payload_bytes - kv_bytes)) {
         return "section sizes do not add up";
     }

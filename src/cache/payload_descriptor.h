@@ -2,7 +2,7 @@
 // restore path can check a payload before importing it.
 //
 //   PayloadDescriptor d;
-//   d.kind = PayloadKind::KvRecurrent;
+//   d.kind = PayloadKind::KvPages;
 //   d.token_begin = 0; d.token_end = 1024;          // state taken at position 1024
 //   d.layer_begin = 0; d.layer_end = 48;
 //   d.k_type = "f16"; d.v_type = "f16";
@@ -19,9 +19,9 @@ namespace skippy::cache {
 
 enum class PayloadKind : uint8_t {
     FullState,    // "full-state": the whole per-sequence state blob
-    KvRecurrent,  // "kv-recurrent": attention KV pages + recurrent state at the checkpoint
+    KvPages,  // "kv-pages": attention KV token-range pages (+ recurrent state at the checkpoint)
 };
-const char* to_string(PayloadKind kind);  // "full-state" / "kv-recurrent"
+const char* to_string(PayloadKind kind);  // "full-state" / "kv-pages"
 
 struct PayloadDescriptor {
     PayloadKind kind = PayloadKind::FullState;
@@ -32,8 +32,8 @@ struct PayloadDescriptor {
     std::string k_type;
     std::string v_type;
     uint64_t payload_bytes = 0;    // total serialized size
-    uint64_t kv_bytes = 0;         // kv-recurrent: attention KV section
-    uint64_t recurrent_bytes = 0;  // kv-recurrent: recurrent/SSM section
+    uint64_t kv_bytes = 0;         // kv-pages: attention KV section
+    uint64_t recurrent_bytes = 0;  // kv-pages: recurrent/SSM section (0 for dense)
 
     // nullopt if consistent with itself and with a payload of `actual_bytes`; otherwise
     // the reason ("size mismatch", ...).

@@ -1,5 +1,9 @@
 #include "cache/record_queue.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace skippy::cache {
 
 const char* to_string(Admission admission) {
@@ -78,6 +82,10 @@ bool RecordQueue::in_flight(PageId page) const {
 }
 
 void RecordQueue::worker_loop() {
+    // Recording must never slow down the requests that produced the state: on a machine
+    // with as many compute threads as cores, the worker runs at a lower priority (Linux
+    // threads have their own nice value).
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     std::unique_lock lock(mu_);
     for (;;) {
         work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

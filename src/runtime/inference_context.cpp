@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ggml-cpu.h"
 #include "llama.h"
 
 namespace skippy::runtime {
@@ -25,6 +26,33 @@ llama_state_seq_flags to_flags(StateScope scope) {
 
 }  // namespace
 
+FlashAttn parse_flash_attn(const std::string& value) {
+    if (value == "auto") return FlashAttn::Auto;
+    if (value == "on" || value == "1" || value == "true") return FlashAttn::On;
+    if (value == "off" || value == "0" || value == "false") return FlashAttn::Off;
+    throw std::invalid_argument("flash attention must be auto, on or off");
+}
+
+const char* flash_attn_name(FlashAttn value) {
+    switch (value) {
+        case FlashAttn::Auto:
+            return "auto";
+        case FlashAttn::On:
+            return "on";
+        case FlashAttn::Off:
+            return "off";
+    }
+    return "?";
+}
+
+FlashAttn resolve_flash_attn(FlashAttn value) {
+    return value == FlashAttn::On ? FlashAttn::On : FlashAttn::Off;
+}
+
+struct InferenceContext::Threadpool {
+    ggml_threadpool* pool = nullptr;
+};
+
 struct InferenceContext::BatchStorage {
     llama_batch batch;
 };
@@ -46,10 +74,11 @@ InferenceContext::InferenceContext(const Model& model, const ContextOptions& opt
     params.n_seq_max = options_.n_seq_max;
     params.n_threads = options_.n_threads;
     params.n_threads_batch = options_.n_threads;
-    params.kv_unified = true;
+    params.kv_unified = false;
     params.no_perf = true;
-    params.flash_attn_type =
-        options_.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    options_.flash_attn = resolve_flash_attn(options_.flash_attn);
+    params.flash_attn_type = options_.flash_attn == FlashAttn::On ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                                                                  : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     params.type_k = parse_cache_type(options_.type_k);
     params.type_v = parse_cache_type(options_.type_v);
     ctx_ = llama_init_from_model(model.raw(), params);
@@ -57,6 +86,13 @@ InferenceContext::InferenceContext(const Model& model, const ContextOptions& opt
         throw std::runtime_error("failed to create llama context");
     }
     batch_ = new BatchStorage{llama_batch_init(static_cast<int32_t>(options_.n_batch), 0, 1)};
+    // One persistent threadpool for every decode (without one, ggml creates and joins a
+    // throwaway pool per graph computation), as llama.cpp's own tools do.
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(options_.n_threads);
+    threadpool_ = new Threadpool{ggml_threadpool_new(&tpp)};
+    if (threadpool_->pool != nullptr) {
+        llama_attach_threadpool(ctx_, threadpool_->pool, nullptr);
+    }
 }
 
 InferenceContext::~InferenceContext() {
@@ -65,11 +101,22 @@ InferenceContext::~InferenceContext() {
         delete batch_;
     }
     if (ctx_ != nullptr) {
+        llama_detach_threadpool(ctx_);
         llama_free(ctx_);
+    }
+    if (threadpool_ != nullptr) {
+        if (threadpool_->pool != nullptr) {
+            ggml_threadpool_free(threadpool_->pool);
+        }
+        delete threadpool_;
     }
 }
 
 uint32_t InferenceContext::n_ctx() const { return llama_n_ctx(ctx_); }
+
+uint32_t InferenceContext::n_ctx_seq() const { return llama_n_ctx_seq(ctx_); }
+
+bool InferenceContext::flash_attn() const { return options_.flash_attn == FlashAttn::On; }
 
 void InferenceContext::batch_clear() {
     n_batch_tokens_ = 0;

@@ -1,5 +1,8 @@
-// InferenceContext: one llama_context with `n_seq_max` sequence ids in a unified KV cache.
-// Sequence ids are handed out as request lanes and as spare cache sequences by the caller.
+// InferenceContext: one llama_context with `n_seq_max` sequence ids (lanes). Each lane owns
+// its own KV stream (kv_unified = false): `n_ctx` cells are split evenly over the lanes
+// (llama.cpp rounds each lane's share up to a multiple of 256), a lane's cells sit
+// contiguously from cell 0 in position order, and attention covers only that lane.
+// Decoding uses one persistent CPU threadpool.
 //
 // Thread safety: NOT thread-safe. Exactly one thread (the scheduler's) owns an
 // InferenceContext and makes every call on it; other threads talk to that thread
@@ -21,13 +24,21 @@ namespace skippy::runtime {
 using SeqId = int32_t;
 using Pos = int32_t;
 
+enum class FlashAttn { Auto, On, Off };
+FlashAttn parse_flash_attn(const std::string& value);  // "auto" | "on" | "off"
+const char* flash_attn_name(FlashAttn value);
+// "auto" means off: on this CPU backend flash attention's results depend on how a prompt is
+// split into batches (tests/runtime/chunking_test.cpp), which the exact prefix cache cannot
+// allow; without it every split into chunks of >= 2 tokens gives the same bits.
+FlashAttn resolve_flash_attn(FlashAttn value);
+
 struct ContextOptions {
-    uint32_t n_ctx = 4096;   // total KV cells, shared by all sequences (unified KV)
-    uint32_t n_seq_max = 4;  // lanes + spare cache sequences
+    uint32_t n_ctx = 4096;   // total KV cells, split evenly over the sequences
+    uint32_t n_seq_max = 4;  // lanes
     uint32_t n_batch = 512;  // max tokens per llama_decode call
     uint32_t n_ubatch = 512;
     int32_t n_threads = 0;  // 0 = hardware concurrency
-    bool flash_attn = false;
+    FlashAttn flash_attn = FlashAttn::Auto;
     std::string type_k = "f16";
     std::string type_v = "f16";
 };
@@ -47,7 +58,9 @@ class InferenceContext {
 
     const Model& model() const { return model_; }
     const ContextOptions& options() const { return options_; }
-    uint32_t n_ctx() const;
+    uint32_t n_ctx() const;      // all cells
+    uint32_t n_ctx_seq() const;  // cells of one lane
+    bool flash_attn() const;     // "auto" resolved
     uint32_t n_batch() const { return options_.n_batch; }
     uint32_t n_seq_max() const { return options_.n_seq_max; }
 
@@ -85,6 +98,8 @@ class InferenceContext {
     struct BatchStorage;
     BatchStorage* batch_ = nullptr;
     int32_t n_batch_tokens_ = 0;
+    struct Threadpool;
+    Threadpool* threadpool_ = nullptr;
 };
 
 }  // namespace skippy::runtime

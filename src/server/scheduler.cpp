@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "server/text_output.h"
@@ -13,6 +12,7 @@ namespace skippy::server {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+constexpr auto kIdleFlushDelay = std::chrono::milliseconds(50);
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -30,14 +30,16 @@ struct Scheduler::Slot {
     GenerationRequest request;
     std::shared_ptr<GenerationStream> stream;
     std::unique_ptr<runtime::Sampler> sampler;
-    stage::PromptInfo prompt_info;
-    std::vector<runtime::Token> lane_tokens;  // tokens whose state is in the lane
-    std::vector<int32_t> checkpoints;         // prefill pause positions, ascending
-    std::set<int32_t> is_checkpoint;          // the pauses where the stage records
+    stage::PromptInfo prompt_info;     // of the request's prompt
+    std::vector<runtime::Token> turn;  // post_turn: the conversation with the reply
+    stage::Plan plan;
+    size_t next_chunk = 0;
     size_t next_checkpoint = 0;
-    int32_t deferred_checkpoint = 0;  // prompt-end checkpoint, recorded after the first token
+    int32_t n_prefilled = 0;  // prompt (or turn) tokens in the lane, all prefilled
+    int32_t n_decoded = 0;    // tokens decoded after them
     bool generating = false;
-    bool post_turn = false;            // reply delivered; prefilling the canonical end of the turn
+    bool post_turn = false;            // reply delivered; prefilling the end of the turn
+    bool prompt_done_pending = false;  // prompt prefilled, stage not told yet
     runtime::Token pending_token = 0;  // sampled, not decoded yet
     int32_t n_sampled = 0;             // tokens sampled, including a final end-of-generation token
     int32_t n_reply_tokens = 0;        // tokens of the reply (reported as completion_tokens)
@@ -45,6 +47,8 @@ struct Scheduler::Slot {
     std::vector<runtime::Token> unsent_tokens;
     GenerationStats stats;
     Clock::time_point enqueued, started;
+    // What the lane is prefilling: the prompt, or the turn at the end of the turn.
+    const std::vector<runtime::Token>& tokens() const { return post_turn ? turn : request.prompt; }
 };
 
 Scheduler::Scheduler(const runtime::Model& model, SchedulerOptions options,
@@ -56,14 +60,10 @@ Scheduler::Scheduler(const runtime::Model& model, SchedulerOptions options,
     if (!stage_) {
         stage_ = std::make_unique<stage::NoCacheStage>();
     }
-    options_.context.n_seq_max = options_.lanes + stage_->spare_sequences();
+    options_.context.n_seq_max = options_.lanes;
     context_ = std::make_unique<runtime::InferenceContext>(model_, options_.context);
-    n_ctx_ = context_->n_ctx();
-    canonical_splits_ = model_.kind() == runtime::ModelKind::Hybrid ||
-                        model_.kind() == runtime::ModelKind::Recurrent;
-    options_.recurrent_split_stride =
-        std::min(options_.recurrent_split_stride, options_.context.n_batch);
-    stage_->attach(*context_, static_cast<runtime::SeqId>(options_.lanes), options_.lanes);
+    n_ctx_ = context_->n_ctx_seq();
+    stage_->attach(*context_, options_.lanes);
     for (uint32_t i = 0; i < options_.lanes; ++i) {
         auto slot = std::make_unique<Slot>();
         slot->lane = static_cast<runtime::SeqId>(i);
@@ -86,6 +86,18 @@ void Scheduler::stop() {
 }
 
 Admission Scheduler::submit(GenerationRequest request, std::shared_ptr<GenerationStream> stream) {
+    if (request.cache_enabled && !request.prompt.empty()) {
+        // On the caller's thread: a slower tier's I/O delays only this request.
+        stage::PromptInfo info;
+        info.tokens = std::span<const runtime::Token>(request.prompt);
+        info.cache_namespace = request.cache_namespace;
+        info.cache_enabled = request.cache_enabled;
+        try {
+            stage_->prefetch(info);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "skippy: cache prefetch failed: %s\n", e.what());
+        }
+    }
     {
         std::lock_guard<std::mutex> lock(queue_mutex_);
         if (stopping_) {
@@ -125,7 +137,15 @@ void Scheduler::run() {
             std::unique_lock<std::mutex> lock(queue_mutex_);
             const bool any_active = lanes_busy_.load() > 0;
             if (!any_active) {
-                queue_cv_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+                const auto wake = [&] { return stopping_ || !incoming_.empty(); };
+                // Deferred records are exported once the server has been idle for a while
+                // (a conversation that comes back at once keeps its lane and needs none).
+                if (stage_->has_idle_work() && !queue_cv_.wait_for(lock, kIdleFlushDelay, wake)) {
+                    lock.unlock();
+                    stage_->idle(*context_);
+                    continue;
+                }
+                queue_cv_.wait(lock, wake);
             }
             if (stopping_) {
                 break;
@@ -145,6 +165,12 @@ void Scheduler::run() {
                     ++it;
                 }
             }
+            bool yield = false;
+            if (!incoming_.empty() && lanes_busy_.load() == options_.lanes) {
+                for (const auto& pending : incoming_) {
+                    yield = yield || !continues_post_turn(pending.request.prompt);
+                }
+            }
             uint32_t free_lanes = options_.lanes - lanes_busy_.load();
             for (auto it = incoming_.begin(); free_lanes > 0 && it != incoming_.end();) {
                 if (continues_post_turn(it->request.prompt)) {
@@ -156,6 +182,12 @@ void Scheduler::run() {
                 --free_lanes;
             }
             queued_.store(static_cast<uint32_t>(incoming_.size()));
+            if (yield) {
+                yield_lock_free_ = true;
+            }
+        }
+        if (std::exchange(yield_lock_free_, false)) {
+            yield_post_turn();
         }
         admit_pending(admitted);
         if (lanes_busy_.load() > 0) {
@@ -164,9 +196,14 @@ void Scheduler::run() {
     }
     // Shutting down: nothing more will be served.
     for (auto& slot : slots_) {
-        if (slot->active) {
+        if (slot->active && !slot->post_turn) {
             fail_slot(*slot, 503, "server_shutting_down", "server is shutting down");
         }
+    }
+    try {
+        stage_->idle(*context_);  // records still waiting for their lane's export
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: final record export failed: %s\n", e.what());
     }
     std::lock_guard<std::mutex> lock(queue_mutex_);
     for (auto& pending : incoming_) {
@@ -175,14 +212,33 @@ void Scheduler::run() {
     incoming_.clear();
 }
 
+void Scheduler::yield_post_turn() {
+    for (auto& slot : slots_) {
+        if (slot->active && slot->post_turn) {
+            // What was prefilled of the turn so far is canonical and stays in the lane.
+            release_slot(*slot, static_cast<size_t>(slot->n_prefilled), false);
+            return;  // one lane per iteration; the waiting request takes it next
+        }
+    }
+}
+
 void Scheduler::admit_pending(std::deque<Pending>& pending) {
     for (auto& item : pending) {
+        std::vector<runtime::SeqId> idle;
         for (auto& slot : slots_) {
             if (!slot->active) {
-                start_slot(*slot, std::move(item));
-                break;
+                idle.push_back(slot->lane);
             }
         }
+        if (idle.empty()) {
+            break;  // cannot happen: admission counted free lanes
+        }
+        stage::PromptInfo info;
+        info.tokens = std::span<const runtime::Token>(item.request.prompt);
+        info.cache_namespace = item.request.cache_namespace;
+        info.cache_enabled = item.request.cache_enabled;
+        const runtime::SeqId lane = stage_->choose_lane(idle, info);
+        start_slot(*slots_[static_cast<size_t>(lane)], std::move(item));
     }
 }
 
@@ -215,83 +271,82 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.prompt_info.message_boundaries = slot.request.message_boundaries;
     slot.prompt_info.cache_namespace = slot.request.cache_namespace;
     slot.prompt_info.cache_enabled = slot.request.cache_enabled;
-    slot.prompt_info.track_turn_end = static_cast<bool>(slot.request.render_turn_end) &&
-                                      slot.request.cache_enabled && stage_->tracks_turn_end();
+    slot.prompt_info.turn_end_follows =
+        static_cast<bool>(slot.request.render_turn_end) && stage_->wants_turn_end(slot.prompt_info);
     slot.output.emplace(slot.request.stop);
     slot.unsent_tokens.clear();
+    slot.turn.clear();
     slot.generating = false;
     slot.post_turn = false;
     slot.n_sampled = 0;
     slot.n_reply_tokens = 0;
+    slot.n_decoded = 0;
+    slot.next_chunk = 0;
     slot.next_checkpoint = 0;
-    slot.deferred_checkpoint = 0;
-
-    if (!stage_->keeps_lane_state()) {
-        context_->seq_clear(slot.lane);  // otherwise the stage reuses or clears it
-    }
-    stage::RestoreResult restored;
+    slot.prompt_done_pending = false;
+    const auto max_chunk = static_cast<int32_t>(context_->n_batch());
     try {
-        restored = stage_->restore(*context_, slot.lane, slot.prompt_info);
+        slot.plan = stage_->plan(*context_, slot.lane, slot.prompt_info, max_chunk);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: restore failed, falling back to prefill: %s\n", e.what());
-        restored = stage::RestoreResult{0, "restore_error"};
+        stage_->discard(*context_, slot.lane);
+        slot.plan = stage::Plan{};
+        slot.plan.decision = stage::CacheDecision::Error;
+        slot.plan.chunk_ends =
+            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk);
     }
-    const auto max_restorable = static_cast<int32_t>(prompt.size()) - 1;
-    if (restored.n_restored < 0 || restored.n_restored > max_restorable ||
-        context_->seq_pos_max(slot.lane) != restored.n_restored - 1) {
-        context_->seq_clear(slot.lane);
-        restored.n_restored = 0;
+    const auto max_restored = stage::max_restorable(static_cast<int32_t>(prompt.size()));
+    if (slot.plan.n_restored < 0 || slot.plan.n_restored > max_restored ||
+        context_->seq_pos_max(slot.lane) != slot.plan.n_restored - 1 ||
+        slot.plan.chunk_ends.empty() ||
+        slot.plan.chunk_ends.back() != static_cast<int32_t>(prompt.size())) {
+        // A plan that does not add up: start over from an empty lane.
+        stage_->discard(*context_, slot.lane);
+        slot.plan = stage::Plan{};
+        slot.plan.decision = stage::CacheDecision::Error;
+        slot.plan.chunk_ends =
+            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk);
     }
-    slot.lane_tokens.assign(prompt.begin(), prompt.begin() + restored.n_restored);
+    slot.n_prefilled = slot.plan.n_restored;
     slot.stats.prompt_tokens = static_cast<int32_t>(prompt.size());
-    slot.stats.cached_tokens = restored.n_restored;
-    slot.stats.cache_decision = restored.decision;
-    slot.checkpoints = stage_->checkpoint_positions(slot.prompt_info, restored.n_restored);
-    slot.is_checkpoint.clear();
-    slot.is_checkpoint.insert(slot.checkpoints.begin(), slot.checkpoints.end());
-    // Prefill pauses at checkpoints (where the stage exports state) and, for hybrid and
-    // recurrent models, at the canonical split positions (see SchedulerOptions).
-    const auto n_prompt = static_cast<int32_t>(prompt.size());
-    if (canonical_splits_ && options_.recurrent_split_stride > 0) {
-        const auto stride = static_cast<int32_t>(options_.recurrent_split_stride);
-        for (int32_t p = stride; p < n_prompt; p += stride) {
-            slot.checkpoints.push_back(p);
-        }
-        for (int32_t b : slot.request.message_boundaries) {
-            slot.checkpoints.push_back(b);
-        }
-    }
-
-    std::sort(slot.checkpoints.begin(), slot.checkpoints.end());
-    std::erase_if(slot.checkpoints, [&](int32_t p) {
-        return p <= restored.n_restored || p > static_cast<int32_t>(prompt.size());
-    });
-    slot.checkpoints.erase(std::unique(slot.checkpoints.begin(), slot.checkpoints.end()),
-                           slot.checkpoints.end());
+    slot.stats.cached_tokens = slot.plan.n_restored;
+    slot.stats.cache_decision = std::string(stage::to_string(slot.plan.decision));
     return true;
 }
 
-void Scheduler::release_slot(Slot& slot, std::span<const runtime::Token> canonical) {
-    if (!canonical.empty() && stage_->keeps_lane_state()) {
-        stage_->lane_released(slot.lane, canonical);  // the lane keeps its state
-    } else {
-        context_->seq_clear(slot.lane);
-        stage_->lane_released(slot.lane, {});
+void Scheduler::release_slot(Slot& slot, size_t canonical, bool turn_end) {
+    const auto& tokens = slot.tokens();
+    try {
+        stage_->release(
+            *context_, slot.lane, slot.prompt_info,
+            std::span<const runtime::Token>(tokens).first(std::min(canonical, tokens.size())),
+            turn_end);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: record at release failed: %s\n", e.what());
     }
     slot.active = false;
     slot.post_turn = false;
     slot.sampler.reset();
     slot.stream.reset();
-    slot.lane_tokens.clear();
     slot.output.reset();
+    slot.turn.clear();
     lanes_busy_.fetch_sub(1);
 }
 
 void Scheduler::fail_slot(Slot& slot, int status, const std::string& type,
                           const std::string& message) {
-    slot.stream->fail(status, type, message);
+    if (slot.stream) {
+        slot.stream->fail(status, type, message);
+    }
     failed_.fetch_add(1);
-    release_slot(slot);
+    stage_->discard(*context_, slot.lane);
+    slot.active = false;
+    slot.post_turn = false;
+    slot.sampler.reset();
+    slot.stream.reset();
+    slot.output.reset();
+    slot.turn.clear();
+    lanes_busy_.fetch_sub(1);
 }
 
 void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
@@ -309,17 +364,11 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     completed_.fetch_add(1);
     // The client has its answer before the cache records the lane.
     slot.stream->finish(slot.stats);
-    if (slot.deferred_checkpoint > 0) {
-        record_checkpoint(slot, std::exchange(slot.deferred_checkpoint, 0));
-    }
-    try {
-        stage_->on_finish(*context_, slot.lane, slot.lane_tokens, slot.prompt_info);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "skippy: record at finish failed: %s\n", e.what());
-    }
+    slot.stream.reset();
+    notify_prompt_done(slot);
     if (!start_turn_end(slot)) {
-        // The prompt was prefilled canonically; the reply tokens after it were not.
-        release_slot(slot, slot.request.prompt);
+        // The prompt was prefilled; the reply tokens after it were decoded.
+        release_slot(slot, slot.request.prompt.size(), false);
     }
 }
 
@@ -327,7 +376,7 @@ bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) c
     for (const auto& slot : slots_) {
         // Waiting pays off only when the new prompt extends the turn being recorded (the
         // client sent the reply back unchanged).
-        const auto& turn = slot->request.prompt;
+        const auto& turn = slot->turn;
         if (slot->active && slot->post_turn && prompt.size() > turn.size() &&
             std::equal(turn.begin(), turn.end(), prompt.begin())) {
             return true;
@@ -337,45 +386,41 @@ bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) c
 }
 
 bool Scheduler::start_turn_end(Slot& slot) {
-    if (!slot.prompt_info.track_turn_end || !slot.request.render_turn_end) {
+    if (!slot.prompt_info.turn_end_follows || !slot.request.render_turn_end) {
         return false;
     }
     std::vector<runtime::Token> turn;
     try {
         turn = slot.request.render_turn_end(slot.output->text());
-    } catch (const std::exception& e) {
+    } catch (const std::exception&) {
         return false;
     }
     const auto& prompt = slot.request.prompt;
-    if (turn.size() <= prompt.size() || turn.size() >= n_ctx_ ||
+    if (turn.size() < prompt.size() + 2 || turn.size() >= n_ctx_ ||
         !std::equal(prompt.begin(), prompt.end(), turn.begin())) {
         return false;
     }
-    if (!stage_->restore_turn_start(*context_, slot.lane, slot.prompt_info)) {
+    if (!stage_->begin_turn_end(*context_, slot.lane, slot.prompt_info, turn)) {
         return false;
     }
-    const auto n_start = static_cast<int32_t>(prompt.size());
-    slot.request.prompt = std::move(turn);
-    slot.prompt_info.tokens = std::span<const runtime::Token>(slot.request.prompt);
-    slot.prompt_info.track_turn_end = false;
-    slot.lane_tokens.assign(slot.request.prompt.begin(), slot.request.prompt.begin() + n_start);
-    const auto n_turn = static_cast<int32_t>(slot.request.prompt.size());
-    slot.checkpoints.clear();
-    if (options_.recurrent_split_stride > 0) {
-        const auto stride = static_cast<int32_t>(options_.recurrent_split_stride);
-        for (int32_t p = (n_start / stride + 1) * stride; p < n_turn; p += stride) {
-            slot.checkpoints.push_back(p);
-        }
-    }
-    slot.checkpoints.push_back(n_turn);
-    slot.is_checkpoint = {n_turn};
-    slot.next_checkpoint = 0;
-    slot.generating = false;
+    slot.turn = std::move(turn);
     slot.post_turn = true;
+    slot.generating = false;
+    slot.n_prefilled = static_cast<int32_t>(prompt.size());
+    slot.n_decoded = 0;
+    slot.plan.chunk_ends =
+        stage::plan_chunks(slot.n_prefilled, static_cast<int32_t>(slot.turn.size()), {},
+                           static_cast<int32_t>(context_->n_batch()));
+    slot.plan.checkpoints.clear();
+    slot.next_chunk = 0;
+    slot.next_checkpoint = 0;
     return true;
 }
 
 void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
+    if (slot.request.on_logits) {
+        slot.request.on_logits(context_->logits_at(batch_index));
+    }
     const runtime::Token token = slot.sampler->sample(*context_, batch_index);
     ++slot.n_sampled;
     if (slot.n_sampled == 1) {
@@ -396,8 +441,8 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
         slot.stream->push_delta(std::move(text), std::move(slot.unsent_tokens));
         slot.unsent_tokens.clear();
     }
-    if (slot.n_sampled >= slot.request.max_tokens ||
-        slot.lane_tokens.size() + 1 >= static_cast<size_t>(n_ctx_)) {
+    const auto held = static_cast<size_t>(slot.n_prefilled + slot.n_decoded);
+    if (slot.n_sampled >= slot.request.max_tokens || held + 1 >= static_cast<size_t>(n_ctx_)) {
         finish_slot(slot, "length");
         return;
     }
@@ -408,70 +453,65 @@ void Scheduler::step() {
     for (auto& slot : slots_) {
         if (slot->active && !slot->post_turn && slot->stream->cancelled()) {
             cancelled_.fetch_add(1);
-            release_slot(*slot);
+            stage_->discard(*context_, slot->lane);
+            slot->stream.reset();
+            slot->active = false;
+            slot->sampler.reset();
+            slot->output.reset();
+            lanes_busy_.fetch_sub(1);
         }
     }
+    decode_steps();
+    // Prefill: requests before end-of-turn work, oldest first; up to one batch of tokens
+    // per iteration, so generating lanes get their next step soon.
+    std::vector<Slot*> order;
+    for (auto& slot : slots_) {
+        if (slot->active && !slot->generating) {
+            order.push_back(slot.get());
+        }
+    }
+    std::stable_sort(order.begin(), order.end(), [](const Slot* a, const Slot* b) {
+        if (a->post_turn != b->post_turn) {
+            return !a->post_turn;
+        }
+        return a->started < b->started;
+    });
+    auto budget = static_cast<int32_t>(context_->n_batch());
+    for (Slot* slot : order) {
+        while (slot->active && !slot->generating && budget > 0 &&
+               slot->next_chunk < slot->plan.chunk_ends.size()) {
+            budget -= slot->plan.chunk_ends[slot->next_chunk] - slot->n_prefilled;
+            prefill_chunk(*slot);
+        }
+        if (budget <= 0) {
+            break;
+        }
+    }
+}
+
+void Scheduler::decode_steps() {
     struct Planned {
         Slot* slot;
-        int32_t begin;
-        int32_t end;
-        int32_t logits_index;
-        bool decode_step;
+        int32_t index;
     };
     std::vector<Planned> planned;
     context_->batch_clear();
-    auto budget = static_cast<int32_t>(context_->n_batch());
     for (auto& slot : slots_) {
-        if (slot->active && slot->generating && budget > 0) {
-            const auto pos = static_cast<runtime::Pos>(slot->lane_tokens.size());
-            const int32_t index = context_->batch_add(slot->pending_token, pos, slot->lane, true);
-            planned.push_back({slot.get(), pos, pos + 1, index, true});
-            --budget;
+        if (slot->active && slot->generating) {
+            const auto pos = static_cast<runtime::Pos>(slot->n_prefilled + slot->n_decoded);
+            planned.push_back(
+                {slot.get(), context_->batch_add(slot->pending_token, pos, slot->lane, true)});
         }
-    }
-    for (auto& slot : slots_) {
-        if (!slot->active || slot->generating || budget <= 0) {
-            continue;
-        }
-        const auto& prompt = slot->request.prompt;
-        const auto begin = static_cast<int32_t>(slot->lane_tokens.size());
-        auto end = static_cast<int32_t>(prompt.size());
-        if (slot->next_checkpoint < slot->checkpoints.size()) {
-            end = std::min(end, slot->checkpoints[slot->next_checkpoint]);
-        }
-        if (canonical_splits_ && end - begin > budget) {
-            continue;  // never cut a canonical chunk: wait for a batch with room for it
-        }
-        end = std::min(end, begin + budget);
-        int32_t logits_index = -1;
-        for (int32_t i = begin; i < end; ++i) {
-            const bool last = i == static_cast<int32_t>(prompt.size()) - 1 && !slot->post_turn;
-            const int32_t index =
-                context_->batch_add(prompt[static_cast<size_t>(i)], i, slot->lane, last);
-            if (last) {
-                logits_index = index;
-            }
-        }
-        budget -= end - begin;
-        planned.push_back({slot.get(), begin, end, logits_index, false});
     }
     if (planned.empty()) {
         return;
     }
-    stage_->make_room(*context_, static_cast<uint32_t>(context_->batch_size()));
     const int32_t rc = context_->decode();
-    if (rc == 1) {
-        // No KV slot: free cache space and retry next iteration, or shed the newest request.
-        if (!stage_->evict_for_space(*context_)) {
-            Slot* victim = planned.back().slot;
-            fail_slot(*victim, 503, "server_overloaded", "KV cache is full; retry later");
-        }
-        return;
-    }
     if (rc != 0) {
         for (auto& p : planned) {
             if (p.slot->active) {
-                fail_slot(*p.slot, 500, "server_error",
+                fail_slot(*p.slot, rc == 1 ? 503 : 500,
+                          rc == 1 ? "server_overloaded" : "server_error",
                           "llama_decode failed with code " + std::to_string(rc));
             }
         }
@@ -479,50 +519,77 @@ void Scheduler::step() {
     }
     decode_calls_.fetch_add(1);
     for (auto& p : planned) {
-        Slot& slot = *p.slot;
-        if (!slot.active) {
-            continue;
-        }
-        if (p.decode_step) {
-            slot.lane_tokens.push_back(slot.pending_token);
-            sample_slot(slot, p.logits_index);
-            continue;
-        }
-        const auto& prompt = slot.request.prompt;
-        slot.lane_tokens.insert(slot.lane_tokens.end(), prompt.begin() + p.begin,
-                                prompt.begin() + p.end);
-        const bool prompt_done = p.end == static_cast<int32_t>(prompt.size());
-        while (slot.next_checkpoint < slot.checkpoints.size() &&
-               slot.checkpoints[slot.next_checkpoint] <= p.end) {
-            if (slot.checkpoints[slot.next_checkpoint] == p.end &&
-                slot.is_checkpoint.count(p.end)) {
-                if (prompt_done && !slot.post_turn) {
-                    // Export after the first token is out: the state does not change until
-                    // the sampled token is decoded, and TTFT should not pay for the export.
-                    slot.deferred_checkpoint = p.end;
-                } else {
-                    record_checkpoint(slot, p.end);
-                }
-            }
-            ++slot.next_checkpoint;
-        }
-        if (prompt_done && slot.post_turn) {
-            release_slot(slot, slot.request.prompt);  // the end of the turn is recorded
-        } else if (prompt_done) {
-            slot.generating = true;
-            sample_slot(slot, p.logits_index);  // may finish (and record) the slot
-            if (slot.active && slot.deferred_checkpoint > 0) {
-                record_checkpoint(slot, std::exchange(slot.deferred_checkpoint, 0));
-            }
+        if (p.slot->active) {
+            ++p.slot->n_decoded;
+            sample_slot(*p.slot, p.index);
         }
     }
 }
 
-void Scheduler::record_checkpoint(Slot& slot, int32_t n_tokens) {
+void Scheduler::prefill_chunk(Slot& slot) {
+    const auto& tokens = slot.tokens();
+    const int32_t begin = slot.n_prefilled;
+    const int32_t end = slot.plan.chunk_ends[slot.next_chunk];
+    const auto n = static_cast<int32_t>(tokens.size());
+    const bool last = end == n;
+    context_->batch_clear();
+    int32_t logits_index = -1;
+    for (int32_t i = begin; i < end; ++i) {
+        const bool want = last && i == n - 1 && !slot.post_turn;
+        const int32_t index =
+            context_->batch_add(tokens[static_cast<size_t>(i)], i, slot.lane, want);
+        if (want) {
+            logits_index = index;
+        }
+    }
+    const int32_t rc = context_->decode();
+    if (rc != 0) {
+        if (slot.post_turn) {
+            release_slot(slot, static_cast<size_t>(begin), false);
+        } else {
+            fail_slot(slot, rc == 1 ? 503 : 500, rc == 1 ? "server_overloaded" : "server_error",
+                      "llama_decode failed with code " + std::to_string(rc));
+        }
+        return;
+    }
+    decode_calls_.fetch_add(1);
+    slot.n_prefilled = end;
+    ++slot.next_chunk;
+    while (slot.next_checkpoint < slot.plan.checkpoints.size() &&
+           slot.plan.checkpoints[slot.next_checkpoint] <= end) {
+        if (slot.plan.checkpoints[slot.next_checkpoint] == end) {
+            try {
+                stage_->checkpoint(*context_, slot.lane, slot.prompt_info, end);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "skippy: checkpoint failed: %s\n", e.what());
+            }
+        }
+        ++slot.next_checkpoint;
+    }
+    if (!last) {
+        return;
+    }
+    if (slot.post_turn) {
+        release_slot(slot, tokens.size(), true);  // the end of the turn is prefilled
+        return;
+    }
+    slot.generating = true;
+    slot.prompt_done_pending = true;
+    sample_slot(slot, logits_index);  // may finish (and release) the slot
+    if (slot.active && !slot.post_turn) {
+        notify_prompt_done(slot);  // after the first token is out
+    }
+}
+
+void Scheduler::notify_prompt_done(Slot& slot) {
+    if (!std::exchange(slot.prompt_done_pending, false)) {
+        return;
+    }
+    // The sampled token is not decoded yet: the lane is exactly at the prompt end.
     try {
-        stage_->on_checkpoint(*context_, slot.lane, slot.prompt_info, n_tokens);
+        stage_->prompt_done(*context_, slot.lane, slot.prompt_info);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "skippy: checkpoint record failed: %s\n", e.what());
+        std::fprintf(stderr, "skippy: prompt-end checkpoint failed: %s\n", e.what());
     }
 }
 

@@ -1,12 +1,17 @@
 // Scheduler: owns the InferenceContext on one thread and runs continuous batching over
-// `lanes` request lanes (sequence ids 0..lanes-1). Every iteration it admits queued
-// requests to free lanes (restoring cached prefixes through the stage), then puts the
-// decode steps of generating lanes and prefill chunks of prefilling lanes into one
-// llama_decode batch, samples, streams and finishes requests.
+// `lanes` request lanes (sequence ids 0..lanes-1, each its own KV stream). Every iteration
+// it admits queued requests to idle lanes (the stage picks the lane that holds most of the
+// prompt and returns a plan: what it restored, where prefill chunks end, where to take
+// checkpoints), then runs one llama_decode with the decode steps of all generating lanes,
+// then prefill chunks (one lane per llama_decode, so a chunk is never split or mixed with
+// other lanes' tokens: plan.h's exactness rule), samples, streams and finishes requests.
+// After a chat reply, the lane prefills the conversation as the next request will render it
+// (the end of the turn) at the lowest priority; that work yields to waiting requests.
 //
 // Thread safety: submit(), stats() and stop() may be called from any thread; they touch
-// only the admission queue under `queue_mutex_`. Everything else runs on the scheduler
-// thread, which is the only thread that calls into the InferenceContext or the stage.
+// only the admission queue under `queue_mutex_` (and submit() the stage's thread-safe
+// prefetch, before queueing). Everything else runs on the scheduler thread, which is the
+// only thread that calls into the InferenceContext or the stage's other hooks.
 #pragma once
 
 #include <atomic>
@@ -16,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,24 +39,22 @@ struct GenerationRequest {
     runtime::SamplingParams sampling;
     std::vector<std::string> stop;
     bool ignore_eos = false;
-    std::vector<int32_t> message_boundaries;  // structural record positions
+    std::vector<int32_t> message_boundaries;  // where chat-template messages end
     std::string cache_namespace;
     bool cache_enabled = true;
     // Chat requests: tokens of the conversation with `reply` appended as the assistant
     // message, as the next request of this conversation will render it.
     std::function<std::vector<runtime::Token>(const std::string& reply)> render_turn_end;
+    // Called on the scheduler thread with the logits each token is sampled from (tests of
+    // exactness compare them bitwise; logprobs can build on it).
+    std::function<void(std::span<const float> logits)> on_logits;
 };
 
 struct SchedulerOptions {
     uint32_t lanes = 4;
-    runtime::ContextOptions context;  // n_seq_max is computed: lanes + stage spares
+    runtime::ContextOptions context;  // n_seq_max = lanes; n_ctx = all lanes' cells
     uint32_t max_queue_depth = 64;    // requests waiting for a lane beyond this are refused
     std::chrono::milliseconds queue_timeout{60000};
-    // Hybrid/recurrent models: prefill chunks always end at multiples of this stride and at
-    // chat-message boundaries, with the cache on or off. Their recurrent kernels round
-    // differently for different chunkings, so a canonical chunking is what makes a restored
-    // checkpoint bit-identical to a cold prefill. 0 = no canonical splitting.
-    uint32_t recurrent_split_stride = 128;
 };
 
 struct SchedulerStats {
@@ -82,7 +86,7 @@ class Scheduler {
     SchedulerStats stats() const;
     void stop();
 
-    uint32_t n_ctx() const { return n_ctx_; }
+    uint32_t n_ctx() const { return n_ctx_; }  // cells of one lane (a request's context)
     const SchedulerOptions& options() const { return options_; }
     stage::StageBackend& stage() { return *stage_; }
 
@@ -93,29 +97,32 @@ class Scheduler {
     void admit_pending(std::deque<Pending>& pending);
     bool start_slot(Slot& slot, Pending&& pending);
     void step();
-    // `canonical`: tokens of the lane prefilled canonically, which it may keep (see
-    // StageBackend::keeps_lane_state); empty = clear the lane.
-    void release_slot(Slot& slot, std::span<const runtime::Token> canonical = {});
+    void decode_steps();
+    void prefill_chunk(Slot& slot);
+    // The lane is free again; its first `canonical` tokens of `tokens` were prefilled.
+    void release_slot(Slot& slot, size_t canonical, bool turn_end);
     void finish_slot(Slot& slot, const std::string& finish_reason);
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void sample_slot(Slot& slot, int32_t batch_index);
     bool start_turn_end(Slot& slot);
-    void record_checkpoint(Slot& slot, int32_t n_tokens);
     // True when `prompt` continues a conversation whose lane is still recording its turn.
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
+    // Ends turn-end work that holds a lane a waiting request needs.
+    void yield_post_turn();
+    void notify_prompt_done(Slot& slot);
 
     const runtime::Model& model_;
     SchedulerOptions options_;
     std::unique_ptr<stage::StageBackend> stage_;
     std::unique_ptr<runtime::InferenceContext> context_;
     uint32_t n_ctx_ = 0;
-    bool canonical_splits_ = false;
     std::vector<std::unique_ptr<Slot>> slots_;
 
     mutable std::mutex queue_mutex_;
     std::condition_variable queue_cv_;
     std::deque<Pending> incoming_;
     bool stopping_ = false;
+    bool yield_lock_free_ = false;  // scheduler thread: turn-end work must yield a lane
     std::atomic<uint32_t> lanes_busy_{0};
     std::atomic<uint32_t> queued_{0};
     // Counters written by the scheduler thread, read by stats().

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "runtime/chat_template.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
 #include "stage/stage_factory.h"
 
 namespace skippy::server {
@@ -109,7 +109,9 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
                    "largest request head (431 above)")
         ->envname("SKIPPY_HTTP_MAX_HEADER_BYTES")
         ->capture_default_str();
-    app.add_option("-c,--ctx-size", c.scheduler.context.n_ctx, "KV cells shared by all lanes")
+    app.add_option("-c,--ctx-size", c.scheduler.context.n_ctx,
+                   "KV cells of all lanes, split evenly (0 = 4096 per lane, at most the "
+                   "model's training context)")
         ->envname("SKIPPY_CTX_SIZE")
         ->capture_default_str();
     app.add_option("--lanes", c.scheduler.lanes, "concurrent request lanes")
@@ -121,8 +123,14 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("-b,--batch-size", c.scheduler.context.n_batch, "tokens per decode batch")
         ->envname("SKIPPY_BATCH_SIZE")
         ->capture_default_str();
-    app.add_flag("--flash-attn", c.scheduler.context.flash_attn, "enable flash attention")
-        ->envname("SKIPPY_FLASH_ATTN");
+    app.add_option_function<std::string>(
+           "--flash-attn,--fa",
+           [&c](const std::string& v) {
+               c.scheduler.context.flash_attn = runtime::parse_flash_attn(v);
+           },
+           "flash attention: auto | on | off (auto = off; on disables the prefix cache)")
+        ->envname("SKIPPY_FLASH_ATTN")
+        ->default_str("auto");
     app.add_option("--queue-depth", c.scheduler.max_queue_depth,
                    "requests waiting for a lane before 429")
         ->envname("SKIPPY_QUEUE_DEPTH")
@@ -144,7 +152,7 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option_function<std::string>(
            "--cache-payload",
            [&cache](const std::string& v) { cache.payload = stage::parse_payload_choice(v); },
-           "auto | resident-kv | kv-recurrent | full-state")
+           "auto | kv-pages | full-state")
         ->envname("SKIPPY_CACHE_PAYLOAD")
         ->default_str(stage::payload_choice_name(cache.payload));
     app.add_option("--cache-max-entries", cache.max_entries, "exact-state entries")
@@ -153,19 +161,8 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("--cache-max-bytes", cache.max_bytes, "exact-state physical bytes")
         ->envname("SKIPPY_CACHE_MAX_BYTES")
         ->capture_default_str();
-    app.add_option("--cache-resident-entries", cache.resident_max_entries,
-                   "spare KV sequences holding resident prefixes")
-        ->envname("SKIPPY_CACHE_RESIDENT_ENTRIES")
-        ->capture_default_str();
-    app.add_option("--cache-resident-tokens", cache.resident_token_budget,
-                   "resident token budget (0 = the context size)")
-        ->envname("SKIPPY_CACHE_RESIDENT_TOKENS")
-        ->capture_default_str();
     app.add_option("--cache-min-tokens", cache.min_tokens, "shortest cached prefix")
         ->envname("SKIPPY_CACHE_MIN_TOKENS")
-        ->capture_default_str();
-    app.add_option("--cache-stride", cache.stride, "candidate grid stride")
-        ->envname("SKIPPY_CACHE_STRIDE")
         ->capture_default_str();
     app.add_option("--cache-record-limit", cache.record_limit, "record ladder rungs per request")
         ->envname("SKIPPY_CACHE_RECORD_LIMIT")
@@ -175,6 +172,28 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
         ->capture_default_str();
     app.add_option("--cache-events-log", cache.events_log_path, "JSON-lines cache event log")
         ->envname("SKIPPY_CACHE_EVENTS_LOG");
+    app.add_option_function<std::string>(
+           "--cache-disk",
+           [&cache](const std::string& v) {
+               if (v != "on" && v != "off") {
+                   throw CLI::ValidationError("--cache-disk", "must be on or off");
+               }
+               cache.disk = v == "on";
+           },
+           "disk tier of the prefix cache (survives restarts): on | off")
+        ->envname("SKIPPY_CACHE_DISK")
+        ->default_str("on");
+    app.add_option("--cache-dir", cache.disk_dir,
+                   "disk tier folder (default: $SKIPPY_CACHE_DIR or ~/.cache/skippy, "
+                   "then /prefix-cache)")
+        ->envname("SKIPPY_CACHE_DISK_DIR");
+    app.add_option("--cache-disk-bytes", cache.disk_max_bytes, "disk tier bound (bytes)")
+        ->envname("SKIPPY_CACHE_DISK_BYTES")
+        ->capture_default_str();
+    app.add_option("--cache-disk-min-free", cache.disk_min_free,
+                   "bytes the disk tier leaves free on its filesystem")
+        ->envname("SKIPPY_CACHE_DISK_MIN_FREE")
+        ->capture_default_str();
 }
 
 int run_serve(ServeConfig config) {
@@ -194,10 +213,12 @@ int run_serve(ServeConfig config) {
     }
     runtime::ChatTemplate chat_template(*model, template_override);
     if (config.scheduler.context.n_ctx == 0) {
-        config.scheduler.context.n_ctx = model->n_ctx_train();
+        const uint32_t train = model->n_ctx_train() > 0 ? model->n_ctx_train() : 4096;
+        config.scheduler.context.n_ctx = std::min<uint32_t>(4096, train) * config.scheduler.lanes;
     }
-    // Same canonical chunking with the cache on or off (exact outputs either way).
-    config.scheduler.recurrent_split_stride = config.cache.stride;
+    if (config.cache.disk_dir.empty()) {
+        config.cache.disk_dir = cache_dir() + "/prefix-cache";
+    }
     auto stage_backend = stage::make_stage(config.cache, *model, config.scheduler.context);
     const std::string cache_summary = stage_backend.summary;
     Scheduler scheduler(*model, config.scheduler, std::move(stage_backend.backend));
@@ -215,8 +236,11 @@ int run_serve(ServeConfig config) {
     std::cerr << "skippy: model " << config.model_path << " (" << model->arch() << ", "
               << runtime::model_kind_name(model->kind()) << ", " << model->n_params()
               << " params)\n"
-              << "skippy: id=" << model_id << " ctx=" << scheduler.n_ctx()
-              << " lanes=" << config.scheduler.lanes
+              << "skippy: id=" << model_id << " ctx=" << config.scheduler.context.n_ctx
+              << " lanes=" << config.scheduler.lanes << " ctx_per_lane=" << scheduler.n_ctx()
+              << " flash_attn="
+              << runtime::flash_attn_name(
+                     runtime::resolve_flash_attn(config.scheduler.context.flash_attn))
               << " threads=" << config.scheduler.context.n_threads
               << " batch=" << config.scheduler.context.n_batch
               << " queue_depth=" << config.scheduler.max_queue_depth

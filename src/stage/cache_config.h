@@ -8,20 +8,22 @@
 namespace skippy::stage {
 
 enum class CacheMode { Off, Record, LookupRecord };
-enum class PayloadChoice { Auto, ResidentKv, KvRecurrent, FullState };
+enum class PayloadChoice { Auto, KvPages, FullState };
 
 struct CacheConfig {
     CacheMode mode = CacheMode::LookupRecord;
     PayloadChoice payload = PayloadChoice::Auto;
-    uint32_t max_entries = 256;          // exact-state entries
-    uint64_t max_bytes = 2ull << 30;     // exact-state physical bytes
-    uint32_t resident_max_entries = 8;   // spare KV sequences for resident prefixes
-    uint32_t resident_token_budget = 0;  // 0 = the context size (cells are shared)
+    uint32_t max_entries = 256;       // exact-state entries
+    uint64_t max_bytes = 2ull << 30;  // exact-state physical bytes
     uint32_t min_tokens = 64;
-    uint32_t stride = 128;
     uint32_t record_limit = 6;
     uint32_t record_queue_capacity = 8;
     std::string events_log_path;  // JSON-lines telemetry; empty = off
+    // Disk tier (survives restarts): on by default in a per-user folder.
+    bool disk = true;
+    std::string disk_dir;  // empty = $SKIPPY_CACHE_DIR or ~/.cache/skippy, + /prefix-cache
+    uint64_t disk_max_bytes = 16ull << 30;  // block files + manifests
+    uint64_t disk_min_free = 1ull << 30;    // left free on the filesystem
 };
 
 inline CacheMode parse_cache_mode(const std::string& s) {
@@ -33,11 +35,9 @@ inline CacheMode parse_cache_mode(const std::string& s) {
 
 inline PayloadChoice parse_payload_choice(const std::string& s) {
     if (s == "auto") return PayloadChoice::Auto;
-    if (s == "resident-kv") return PayloadChoice::ResidentKv;
-    if (s == "kv-recurrent") return PayloadChoice::KvRecurrent;
+    if (s == "kv-pages") return PayloadChoice::KvPages;
     if (s == "full-state") return PayloadChoice::FullState;
-    throw std::invalid_argument(
-        "cache payload must be auto, resident-kv, kv-recurrent or full-state");
+    throw std::invalid_argument("cache payload must be auto, kv-pages or full-state");
 }
 
 inline const char* cache_mode_name(CacheMode m) {
@@ -56,10 +56,8 @@ inline const char* payload_choice_name(PayloadChoice p) {
     switch (p) {
         case PayloadChoice::Auto:
             return "auto";
-        case PayloadChoice::ResidentKv:
-            return "resident-kv";
-        case PayloadChoice::KvRecurrent:
-            return "kv-recurrent";
+        case PayloadChoice::KvPages:
+            return "kv-pages";
         case PayloadChoice::FullState:
             return "full-state";
     }

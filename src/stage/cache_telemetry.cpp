@@ -40,17 +40,24 @@ void CacheTelemetry::write_line(const std::string& line) {
 }
 
 void CacheTelemetry::lookup(const LookupEvent& e) {
-    if (e.decision == "exact_hit") {
-        ++exact_hits_;
-    } else if (e.decision == "resident_hit") {
-        ++resident_hits_;
-    } else if (e.decision == "exact_error") {
-        ++exact_errors_;
-    } else if (e.decision == "resident_error") {
-        ++resident_errors_;
+    switch (e.decision) {
+        case CacheDecision::ExactHit:
+            ++(e.tier == CacheTier::Lane   ? lane_hits_
+               : e.tier == CacheTier::Disk ? disk_hits_
+                                           : ram_hits_);
+            break;
+        case CacheDecision::Miss:
+            ++misses_;
+            break;
+        case CacheDecision::Error:
+            ++errors_;
+            break;
+        case CacheDecision::Off:
+            ++off_;
+            break;
     }
-    if (e.decision != "exact_hit" && e.decision != "resident_hit" && e.decision != "skipped") {
-        ++misses_;
+    if (e.decision != CacheDecision::Off) {
+        prompt_tokens_ += static_cast<uint64_t>(e.prompt_tokens);
     }
     if (e.quarantined) {
         ++quarantines_;
@@ -69,10 +76,12 @@ void CacheTelemetry::lookup(const LookupEvent& e) {
     if (log_ != nullptr) {
         nlohmann::json j = {{"ts", now_unix_seconds()},
                             {"event", "lookup"},
-                            {"decision", e.decision},
+                            {"decision", to_string(e.decision)},
+                            {"tier", to_string(e.tier)},
                             {"page_id", e.page_id},
                             {"payload", e.payload},
                             {"prompt_tokens", e.prompt_tokens},
+                            {"matched_tokens", e.matched_tokens},
                             {"restored_tokens", e.restored_tokens},
                             {"suffix_tokens", e.suffix_tokens},
                             {"bytes", e.bytes},
@@ -100,11 +109,8 @@ void CacheTelemetry::record(const RecordEvent& e) {
         ++records_failed_;
     } else if (e.decision == "already_present") {
         ++records_present_;
-    } else if (e.decision == "resident_inserted") {
-        ++resident_inserts_;
     }
     exact_evictions_ += e.decision == "stored" ? e.evicted : 0;
-    resident_evictions_ += e.decision == "resident_inserted" ? e.evicted : 0;
     if (log_ != nullptr) {
         nlohmann::json j = {{"ts", now_unix_seconds()},
                             {"event", "record"},
@@ -128,22 +134,23 @@ void CacheTelemetry::record(const RecordEvent& e) {
 
 std::string CacheTelemetry::metrics_text() const {
     std::ostringstream out;
-    out << "# HELP skippy_cache_lookups_total Cache lookup decisions.\n"
+    out << "# HELP skippy_cache_lookups_total Cache lookup decisions (tier: where a hit came "
+           "from).\n"
         << "# TYPE skippy_cache_lookups_total counter\n"
-        << "skippy_cache_lookups_total{decision=\"exact_hit\"} " << exact_hits_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"resident_hit\"} " << resident_hits_ << "\n"
+        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"lane\"} " << lane_hits_ << "\n"
+        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"ram\"} " << ram_hits_ << "\n"
+        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"disk\"} " << disk_hits_ << "\n"
         << "skippy_cache_lookups_total{decision=\"miss\"} " << misses_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"exact_error\"} " << exact_errors_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"resident_error\"} " << resident_errors_ << "\n";
+        << "skippy_cache_lookups_total{decision=\"error\"} " << errors_ << "\n"
+        << "skippy_cache_lookups_total{decision=\"off\"} " << off_ << "\n";
     auto counter = [&](const char* name, const char* help, uint64_t v) {
         out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n"
             << name << ' ' << v << "\n";
     };
-    counter("skippy_cache_hits_exact_total", "Exact-state restores.", exact_hits_);
-    counter("skippy_cache_hits_resident_total", "Resident KV restores.", resident_hits_);
+    counter("skippy_cache_hits_total", "Lookups that restored a cached prefix.",
+            lane_hits_ + ram_hits_ + disk_hits_);
     counter("skippy_cache_misses_total", "Lookups that restored nothing.", misses_);
-    counter("skippy_cache_errors_total", "Restores that failed and fell back to prefill.",
-            exact_errors_ + resident_errors_);
+    counter("skippy_cache_errors_total", "Restores that failed and fell back to prefill.", errors_);
     counter("skippy_cache_quarantined_total", "Entries removed because their bytes were bad.",
             quarantines_);
     counter("skippy_cache_cached_tokens_total", "Prompt tokens restored from the cache.",
@@ -156,9 +163,11 @@ std::string CacheTelemetry::metrics_text() const {
     counter("skippy_cache_records_failed_total", "Record jobs that failed.", records_failed_);
     counter("skippy_cache_records_already_present_total", "Records skipped: already stored.",
             records_present_);
-    counter("skippy_cache_resident_inserts_total", "Resident prefixes kept.", resident_inserts_);
-    counter("skippy_cache_evictions_total", "Entries evicted (resident + exact).",
-            resident_evictions_ + exact_evictions_);
+    counter("skippy_cache_evictions_total", "Entries evicted.", exact_evictions_);
+    counter("skippy_cache_lookup_prompt_tokens_total",
+            "Prompt tokens of requests that looked up the cache (token-weighted hit rate: "
+            "cached_tokens_total / this).",
+            prompt_tokens_);
     out << "# HELP skippy_cache_restore_ms Restore latency (lookup + reconstruct + import).\n"
         << "# TYPE skippy_cache_restore_ms histogram\n";
     for (size_t i = 0; i < kLatencyBucketsMs.size(); ++i) {

@@ -13,13 +13,19 @@
 #include <mutex>
 #include <string>
 
+#include "stage/plan.h"
+
 namespace skippy::stage {
 
 struct LookupEvent {
-    std::string decision;  // exact_hit, resident_hit, miss, exact_error, resident_error, skipped
+    CacheDecision decision = CacheDecision::Miss;
+    CacheTier tier = CacheTier::None;
     std::string page_id;
-    std::string payload;  // resident-kv / kv-recurrent / full-state
-    std::string reason;   // for errors and skips
+    std::string payload;  // kv-pages / full-state
+    // Miss reasons: never_seen, below_min_tokens, namespace (only another tenant has it),
+    // cache_off; errors: what failed.
+    std::string reason;
+    int32_t matched_tokens = 0;  // tokens matched before the first difference (best source)
     int32_t prompt_tokens = 0;
     int32_t restored_tokens = 0;
     int32_t suffix_tokens = 0;
@@ -32,8 +38,7 @@ struct LookupEvent {
 };
 
 struct RecordEvent {
-    std::string decision;  // queued, stored, already_present, dropped_full, in_flight, failed,
-                           // resident_inserted, resident_covered, resident_no_capacity
+    std::string decision;  // queued, stored, already_present, dropped_full, in_flight, failed
     std::string page_id;
     std::string payload;
     std::string reason;
@@ -54,13 +59,11 @@ class CacheTelemetry {
 
     void lookup(const LookupEvent& event);
     void record(const RecordEvent& event);
-    void resident_evictions(size_t n) { resident_evictions_ += n; }
 
     // Prometheus text of the event counters (the caches add their gauges).
     std::string metrics_text() const;
 
-    uint64_t exact_hits() const { return exact_hits_; }
-    uint64_t resident_hits() const { return resident_hits_; }
+    uint64_t exact_hits() const { return lane_hits_ + ram_hits_ + disk_hits_; }
     uint64_t misses() const { return misses_; }
     uint64_t quarantines() const { return quarantines_; }
 
@@ -69,11 +72,10 @@ class CacheTelemetry {
 
     std::FILE* log_ = nullptr;
     std::mutex log_mutex_;
-    std::atomic<uint64_t> exact_hits_{0}, resident_hits_{0}, misses_{0}, exact_errors_{0},
-        resident_errors_{0}, quarantines_{0}, cached_tokens_{0};
+    std::atomic<uint64_t> lane_hits_{0}, ram_hits_{0}, disk_hits_{0}, misses_{0}, errors_{0},
+        off_{0}, quarantines_{0}, cached_tokens_{0}, prompt_tokens_{0};
     std::atomic<uint64_t> records_queued_{0}, records_stored_{0}, records_dropped_{0},
-        records_failed_{0}, records_present_{0}, resident_inserts_{0}, resident_evictions_{0},
-        exact_evictions_{0};
+        records_failed_{0}, records_present_{0}, exact_evictions_{0};
     static constexpr std::array<double, 10> kLatencyBucketsMs = {0.5, 1,  2.5, 5,   10,
                                                                  25,  50, 100, 250, 1000};
     std::array<std::atomic<uint64_t>, kLatencyBucketsMs.size()> restore_buckets_{};

@@ -4,9 +4,10 @@
 #include <chrono>
 #include <cstdio>
 
-#include "cache/exact_record_job.h"
 #include "cache/prefix_identity.h"
 #include "runtime/runtime_version.h"
+#include "runtime/seq_state_format.h"
+#include "stage/lane_record_job.h"
 
 namespace skippy::stage {
 
@@ -22,25 +23,22 @@ cache::PageId page_of(const cache::NamespaceId& ns, std::span<const Token> token
     return cache::prefix_identity(ns, 0, tokens).page_id();
 }
 
-}  // namespace
-
-const char* active_payload_name(ActivePayload payload) {
-    switch (payload) {
-        case ActivePayload::ResidentKv:
-            return "resident-kv";
-        case ActivePayload::KvRecurrent:
-            return "kv-recurrent";
-        case ActivePayload::FullState:
-            return "full-state";
+int32_t common_prefix(std::span<const Token> a, std::span<const Token> b, int32_t limit) {
+    const auto n = static_cast<int32_t>(std::min({a.size(), b.size(), static_cast<size_t>(limit)}));
+    int32_t i = 0;
+    while (i < n && a[static_cast<size_t>(i)] == b[static_cast<size_t>(i)]) {
+        ++i;
     }
-    return "?";
+    return i;
 }
 
+}  // namespace
+
 PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Model& model,
-                                   const runtime::ContextOptions& context, ActivePayload payload)
-    : config_(config), model_(model), payload_(payload) {
-    policy_.stride = std::max<uint32_t>(1, config.stride);
-    policy_.min_tokens = std::max<uint32_t>(1, config.min_tokens);
+                                   const runtime::ContextOptions& context,
+                                   cache::PayloadKind payload)
+    : config_(config), model_(model) {
+    policy_.min_tokens = std::max<uint32_t>(2, config.min_tokens);
     policy_.record_limit = std::max<uint32_t>(1, config.record_limit);
     base_fields_.weights_digest = model.weights_digest();
     base_fields_.layer_begin = 0;
@@ -48,57 +46,103 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     base_fields_.runtime_version = runtime::runtime_version();
     base_fields_.k_type = context.type_k;
     base_fields_.v_type = context.type_v;
-    base_fields_.flash_attn = context.flash_attn;
-    base_fields_.unified_kv = true;
-    base_fields_.n_ctx = context.n_ctx;
+    base_fields_.flash_attn =
+        runtime::resolve_flash_attn(context.flash_attn) == runtime::FlashAttn::On;
+    base_fields_.unified_kv = false;
+    base_fields_.n_ctx = 0;  // pages do not depend on the context size or the lane count
     base_fields_.devices = "cpu";
     base_fields_.platform = cache::current_platform();
-    layout_.kind = payload == ActivePayload::FullState ? cache::PayloadKind::FullState
-                                                       : cache::PayloadKind::KvRecurrent;
+    layout_.kind = payload;
     layout_.n_layer = model.n_layer();
     layout_.k_type = context.type_k;
     layout_.v_type = context.type_v;
-    layout_.attention_free = model.kind() == runtime::ModelKind::Recurrent;
+    layout_.has_attention = model.kind() != runtime::ModelKind::Recurrent;
+    layout_.has_recurrent =
+        model.kind() == runtime::ModelKind::Hybrid || model.kind() == runtime::ModelKind::Recurrent;
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
-    if (payload != ActivePayload::ResidentKv) {
-        cache::ExactStateCacheOptions options;
-        options.limits.max_entries = config.max_entries;
-        options.limits.max_physical_bytes = config.max_bytes;
-        exact_ = std::make_unique<cache::ExactStateCache>(options);
-        cache::RecordQueueOptions queue_options;
-        queue_options.capacity = std::max<uint32_t>(1, config.record_queue_capacity);
-        queue_ = std::make_unique<cache::RecordQueue>(queue_options);
+    // Captured states waiting in the record queue count against --cache-max-bytes: they get
+    // an eighth of it, the stored entries the rest.
+    queue_budget_bytes_ = config.max_bytes / 8;
+    queued_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
+    cache::ExactStateCacheOptions options;
+    options.limits.max_entries = config.max_entries;
+    options.limits.max_physical_bytes = config.max_bytes - queue_budget_bytes_;
+    exact_ = std::make_unique<cache::ExactStateCache>(options);
+    cache::RecordQueueOptions queue_options;
+    queue_options.capacity = std::max<uint32_t>(1, config.record_queue_capacity);
+    queue_ = std::make_unique<cache::RecordQueue>(queue_options);
+    if (config.disk && config.mode != CacheMode::Off && !config.disk_dir.empty()) {
+        cache::DiskStoreOptions disk;
+        disk.dir = config.disk_dir;
+        disk.max_bytes = config.disk_max_bytes;
+        disk.min_free_bytes = config.disk_min_free;
+        cache::DiskOpenResult opened = cache::DiskStore::open(std::move(disk));
+        if (opened.store) {
+            disk_ = std::move(opened.store);
+            const auto st = disk_->stats();
+            disk_note_ = "disk=" + config.disk_dir + " (" + cache::to_string(disk_->mode()) + ", " +
+                         std::to_string(st.entries) + " entries, reconciled in " +
+                         std::to_string(st.reconcile_ms) + " ms)";
+            if (!opened.message.empty()) {
+                disk_note_ += " " + opened.message;
+            }
+        } else {
+            disk_note_ = "disk=off (" + opened.message + "; serving from RAM only)";
+        }
+    } else {
+        disk_note_ = "disk=off";
     }
 }
 
 PrefixCacheStage::~PrefixCacheStage() {
-    if (queue_) {
-        queue_->stop(false);
+    // Queued records finish (they also feed the disk tier), then the disk writer drains.
+    queue_->stop(true);
+    if (disk_) {
+        disk_->close(true);
     }
 }
 
-uint32_t PrefixCacheStage::spare_sequences() const {
-    return payload_ == ActivePayload::ResidentKv ? config_.resident_max_entries : 0;
-}
-
-void PrefixCacheStage::attach(runtime::InferenceContext& context, SeqId first_spare_seq,
-                              uint32_t n_lanes) {
-    n_ctx_ = context.n_ctx();
-    n_lanes_ = n_lanes;
-    lane_shared_tokens_.assign(n_lanes, 0);
-    turn_start_state_.assign(n_lanes, {});
-    retained_tokens_.assign(n_lanes, {});
-    if (payload_ == ActivePayload::ResidentKv) {
-        cache::ResidentCacheOptions options;
-        options.seq_id_count = static_cast<int32_t>(context.n_seq_max());
-        for (SeqId s = 0; s < first_spare_seq; ++s) {
-            options.reserved_seq_ids.push_back(s);
+void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
+    if (!disk_ || !lookups_enabled(prompt)) {
+        return;
+    }
+    const int32_t limit = max_restorable(static_cast<int32_t>(prompt.tokens.size()));
+    if (limit < static_cast<int32_t>(policy_.min_tokens)) {
+        return;
+    }
+    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    const auto query = prompt.tokens.first(static_cast<size_t>(limit));
+    const auto ram = exact_->peek_longest(ns, query);
+    const auto on_disk = disk_->peek_longest(ns, query);
+    if (!on_disk || (ram && ram->len >= on_disk->len)) {
+        return;
+    }
+    std::optional<cache::DiskHit> hit = disk_->acquire_longest(ns, query);
+    if (!hit) {
+        return;
+    }
+    cache::DiskReadResult read = disk_->read(hit->lease);  // verified; bad entries quarantined
+    if (!read.ok()) {
+        disk_read_failures_.fetch_add(1);
+        return;
+    }
+    const auto key = query.first(hit->len);
+    const auto cuts = payload_cuts(read.bytes.span(), hit->descriptor);
+    const cache::ExactInsertResult r =
+        exact_->insert(ns, key, hit->page, hit->descriptor, read.bytes.span(), cuts);
+    if (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent) {
+        disk_promotions_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        promoted_.push_back(hit->page);
+        if (promoted_.size() > 64) {
+            promoted_.erase(promoted_.begin());
         }
-        options.max_entries = config_.resident_max_entries;
-        options.token_budget =
-            config_.resident_token_budget > 0 ? config_.resident_token_budget : n_ctx_;
-        resident_ = std::make_unique<cache::ResidentCache>(options);
     }
+}
+
+void PrefixCacheStage::attach(runtime::InferenceContext& context, uint32_t n_lanes) {
+    lanes_.assign(n_lanes, LaneState{});
+    layout_.n_stream = context.n_seq_max();
 }
 
 cache::NamespaceId PrefixCacheStage::namespace_for(const std::string& key) const {
@@ -117,255 +161,477 @@ bool PrefixCacheStage::records_enabled(const PromptInfo& prompt) const {
     return config_.mode != CacheMode::Off && prompt.cache_enabled;
 }
 
-RestoreResult PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane,
-                                        const PromptInfo& prompt) {
-    RestoreResult result = restore_into_lane(context, lane, prompt);
-    if (result.n_restored == 0) {
-        context.seq_clear(lane);  // the lane may still hold an earlier request's state
-    }
-    if (static_cast<size_t>(lane) < retained_tokens_.size()) {
-        retained_tokens_[static_cast<size_t>(lane)].clear();  // the lane is in use now
-    }
-    return result;
+bool PrefixCacheStage::wants_turn_end(const PromptInfo& prompt) const {
+    return records_enabled(prompt);
 }
 
-RestoreResult PrefixCacheStage::restore_into_lane(runtime::InferenceContext& context, SeqId lane,
-                                                  const PromptInfo& prompt) {
-    if (static_cast<size_t>(lane) < lane_shared_tokens_.size()) {
-        lane_shared_tokens_[static_cast<size_t>(lane)] = 0;
-        turn_start_state_[static_cast<size_t>(lane)].clear();
+void PrefixCacheStage::debug_forget_lanes() {
+    for (auto& lane : lanes_) {
+        lane = LaneState{};
     }
+}
+
+int32_t PrefixCacheStage::lane_match(const LaneState& lane, const cache::NamespaceId& ns,
+                                     std::span<const Token> tokens) const {
+    if (!lane.has_ns || !(lane.ns == ns)) {
+        return 0;  // another tenant's state is never reused
+    }
+    const int32_t limit = max_restorable(static_cast<int32_t>(tokens.size()));
+    const int32_t c = common_prefix(lane.tokens, tokens, limit);
+    if (c < static_cast<int32_t>(policy_.min_tokens)) {
+        return 0;
+    }
+    if (!layout_.has_recurrent) {
+        return c;  // attention KV of any prefix is exact: trim the lane to it
+    }
+    if (lane.recurrent_at == c) {
+        return c;  // the lane's state is exactly there
+    }
+    int32_t best = 0;
+    for (const auto& cp : lane.checkpoints) {
+        if (cp.n_tokens <= c && cp.n_tokens > best) {
+            best = cp.n_tokens;
+        }
+    }
+    return best >= static_cast<int32_t>(policy_.min_tokens) ? best : 0;
+}
+
+SeqId PrefixCacheStage::choose_lane(std::span<const SeqId> idle, const PromptInfo& prompt) {
+    const bool lookup = lookups_enabled(prompt);
+    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    SeqId best = idle.front();
+    int32_t best_match = -1;
+    bool best_empty = false;
+    uint64_t best_used = UINT64_MAX;
+    for (SeqId lane : idle) {
+        const LaneState& s = lanes_[static_cast<size_t>(lane)];
+        const int32_t match = lookup ? lane_match(s, ns, prompt.tokens) : 0;
+        const bool empty = s.tokens.empty();
+        // Longest match first; then an empty lane; then the least recently used one, so
+        // that the states other conversations will come back to survive longest.
+        const bool better = match != best_match   ? match > best_match
+                            : empty != best_empty ? empty
+                                                  : s.last_used < best_used;
+        if (better) {
+            best = lane;
+            best_match = match;
+            best_empty = empty;
+            best_used = s.last_used;
+        }
+    }
+    return best;
+}
+
+std::vector<int32_t> PrefixCacheStage::record_positions(const PromptInfo& prompt,
+                                                        int32_t n_restored,
+                                                        bool turn_end_follows) const {
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t limit = max_restorable(n);
+    std::vector<int32_t> bounds;
+    for (int32_t b : prompt.message_boundaries) {
+        if (b > n_restored && b <= limit && b >= static_cast<int32_t>(policy_.min_tokens)) {
+            bounds.push_back(b);
+        }
+    }
+    std::sort(bounds.begin(), bounds.end());
+    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+    std::vector<int32_t> out;
+    // The end of the prompt (minus the 2 tokens a restore leaves to prefill) serves a
+    // request that repeats or extends this prompt; a chat request records its turn end
+    // instead.
+    if (!turn_end_follows && limit > n_restored &&
+        limit >= static_cast<int32_t>(policy_.min_tokens)) {
+        out.push_back(limit);
+    }
+    // The shortest new boundary (a system prompt end, shared by new conversations), then
+    // the others longest first (where the next request of this conversation diverges).
+    if (!bounds.empty()) {
+        out.push_back(bounds.front());
+        for (auto it = bounds.rbegin(); it != bounds.rend() - 1; ++it) {
+            out.push_back(*it);
+        }
+    }
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    if (out.size() > policy_.record_limit) {
+        out.resize(policy_.record_limit);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+}
+
+Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
+                            const PromptInfo& prompt, int32_t max_chunk) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    state.last_used = ++clock_;
+    state.turn_start.clear();
+    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    if (!state.pending.empty()) {
+        // Records waiting for this lane's state survive only if the new prompt keeps all of
+        // them (the same conversation going on); otherwise they are exported now.
+        const int32_t keep = lookups_enabled(prompt) ? lane_match(state, ns, prompt.tokens) : 0;
+        if (keep < state.pending.back()) {
+            flush_lane(context, lane);
+        }
+    }
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
     LookupEvent event;
-    event.payload = active_payload_name(payload_);
-    event.prompt_tokens = static_cast<int32_t>(prompt.tokens.size());
-    event.suffix_tokens = event.prompt_tokens;
+    event.payload = cache::to_string(layout_.kind);
+    event.prompt_tokens = n;
+    Plan plan;
+    int32_t restored = 0;
     if (!lookups_enabled(prompt)) {
-        event.decision = "skipped";
-        event.reason = config_.mode == CacheMode::LookupRecord ? "request opted out" : "mode";
-        telemetry_->lookup(event);
-        return RestoreResult{0, "off"};
-    }
-    const auto reusable = cache::reusable_prefix_len(prompt.tokens.size());
-    event.candidates = cache::lookup_candidates(reusable, policy_).size();
-    RestoreResult result;
-    if (reusable >= policy_.min_tokens) {
-        const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
-        result = payload_ == ActivePayload::ResidentKv
-                     ? restore_resident(context, lane, prompt, ns, event)
-                     : restore_exact(context, lane, prompt, ns, event);
+        event.decision = CacheDecision::Off;
+        event.reason = "cache_off";
+        plan.decision = CacheDecision::Off;
+        context.seq_clear(lane);
     } else {
-        event.decision = "miss";
-        event.reason = "prompt shorter than min_tokens";
+        restored = restore(context, lane, prompt, ns, event);
+        plan.decision = event.decision;
+        plan.tier = event.tier;
     }
-    event.restored_tokens = result.n_restored;
-    event.suffix_tokens = event.prompt_tokens - result.n_restored;
+    event.restored_tokens = restored;
+    event.suffix_tokens = n - restored;
     telemetry_->lookup(event);
-    return result;
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) { return cp.n_tokens > restored; });
+    state.has_ns = true;
+    state.ns = ns;
+    state.tokens.assign(prompt.tokens.begin(), prompt.tokens.begin() + restored);
+    state.recurrent_at = restored;
+    state.n_restored = restored;
+    plan.n_restored = restored;
+    std::vector<int32_t> pauses;
+    if (layout_.has_recurrent && records_enabled(prompt)) {
+        // The recurrent state is only ever available where the prefill pauses.
+        pauses = record_positions(prompt, restored, prompt.turn_end_follows);
+    }
+    plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk);
+    for (int32_t p : pauses) {
+        if (p < n && std::binary_search(plan.chunk_ends.begin(), plan.chunk_ends.end(), p)) {
+            plan.checkpoints.push_back(p);
+        }
+    }
+    return plan;
 }
 
-RestoreResult PrefixCacheStage::restore_resident(runtime::InferenceContext& context, SeqId lane,
-                                                 const PromptInfo& prompt,
-                                                 const cache::NamespaceId& ns, LookupEvent& event) {
+int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane,
+                                  const PromptInfo& prompt, const cache::NamespaceId& ns,
+                                  LookupEvent& event) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t limit = max_restorable(n);
     const auto t0 = Clock::now();
-    const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
-    std::optional<cache::ResidentHit> hit = resident_->acquire_longest(ns, query);
+    const int32_t in_lane = lane_match(state, ns, prompt.tokens);
+    const int32_t lane_common =
+        state.has_ns && state.ns == ns ? common_prefix(state.tokens, prompt.tokens, limit) : 0;
+    std::optional<cache::ExactHit> hit;
+    if (limit >= static_cast<int32_t>(policy_.min_tokens)) {
+        hit = exact_->acquire_longest(ns, prompt.tokens.first(static_cast<size_t>(limit)));
+    }
+    const auto stored = hit ? static_cast<int32_t>(hit->len) : 0;
     event.lookup_ms = ms_since(t0);
-    if (!hit || hit->matched_len < policy_.min_tokens) {
-        event.decision = "miss";
-        return {};
-    }
-    const auto matched = static_cast<Pos>(hit->matched_len);
-    event.page_id = page_of(ns, query.first(hit->matched_len)).str();
-    const auto t1 = Clock::now();
-    // Transaction: copy the prefix, check it landed, or leave the lane empty.
-    context.seq_copy(hit->seq_id, lane, 0, matched);
-    event.import_ms = ms_since(t1);
-    if (context.seq_pos_max(lane) != matched - 1) {
-        context.seq_clear(lane);
-        event.decision = "resident_error";
-        event.reason = "sequence copy did not produce the prefix";
-        const int32_t broken_seq = hit->seq_id;
-        hit.reset();  // release the lease so the broken entry can be removed
-        const auto removed = resident_->remove_seq(broken_seq);
-        if (removed.status == cache::RemoveStatus::Removed) {
-            drop_sequences(context, {removed.seq_id});
-        }
-        return {};
-    }
-    lane_shared_tokens_[static_cast<size_t>(lane)] = matched;
-    event.decision = "resident_hit";
-    return RestoreResult{matched, "resident_hit"};
-}
-
-RestoreResult PrefixCacheStage::restore_exact(runtime::InferenceContext& context, SeqId lane,
-                                              const PromptInfo& prompt,
-                                              const cache::NamespaceId& ns, LookupEvent& event) {
-    const auto t0 = Clock::now();
-    const auto query = prompt.tokens.first(cache::reusable_prefix_len(prompt.tokens.size()));
-    // True when the idle lane still holds the first n query tokens, canonically prefilled.
-    // Taken out of the lane's record: whatever happens next, the lane is in use after this.
-    std::vector<Token> retained = std::move(retained_tokens_[static_cast<size_t>(lane)]);
-    retained_tokens_[static_cast<size_t>(lane)].clear();
-    auto lane_holds = [&](size_t n) {
-        return retained.size() >= n &&
-               std::equal(query.begin(), query.begin() + static_cast<long>(n), retained.begin());
-    };
-    std::optional<cache::ExactHit> hit = exact_->acquire_longest(ns, query);
-    // A just-recorded state the worker has not inserted yet may be longer than the hit.
-    const cache::ExactRecordPayload* recent = nullptr;
-    for (auto it = recent_records_.begin(); it != recent_records_.end();) {
-        const cache::ExactRecordPayload& r = **it;
-        if (exact_->try_contains(r.ns, r.tokens, r.page) == cache::Presence::Present) {
-            it = recent_records_.erase(it);
-            continue;
-        }
-        const size_t n = r.tokens.size();
-        if (r.ns == ns && n <= query.size() && n >= policy_.min_tokens &&
-            n > (hit ? hit->len : 0) && (recent == nullptr || n > recent->tokens.size()) &&
-            std::equal(r.tokens.begin(), r.tokens.end(), query.begin())) {
-            recent = &r;
-        }
-        ++it;
-    }
-    event.lookup_ms = ms_since(t0);
-    if (recent != nullptr) {
-        hit.reset();
-        event.page_id = recent->page.str();
-        event.bytes = recent->bytes.size();
-        std::string reason;
-        const auto t1 = Clock::now();
-        if (import_payload(context, lane, recent->bytes, recent->descriptor, recent->tokens.size(),
-                           reason, lane_holds(recent->tokens.size()))) {
+    event.matched_tokens = std::max(lane_common, stored);
+    if (in_lane > 0 && in_lane >= stored) {
+        // The lane holds the prefix already: keep it, drop what follows. Hybrid/recurrent
+        // lanes whose state moved on get the recurrent state of a checkpoint taken there.
+        bool ok = true;
+        if (layout_.has_recurrent && state.recurrent_at != in_lane) {
+            const auto t1 = Clock::now();
+            auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
+                                   [&](const Checkpoint& cp) { return cp.n_tokens == in_lane; });
+            ok = it != state.checkpoints.end() &&
+                 context.state_import(*it->recurrent, lane,
+                                      layout_.has_attention ? runtime::StateScope::PartialOnly
+                                                            : runtime::StateScope::Full);
             event.import_ms = ms_since(t1);
-            event.decision = "exact_hit";
-            event.reason = "recent record (queued, not yet inserted)";
-            return RestoreResult{static_cast<int32_t>(recent->tokens.size()), "exact_hit"};
         }
-        // Our own fresh export failed to import: drop it and use the cache instead.
+        if (ok && context.seq_remove(lane, static_cast<Pos>(in_lane), -1) &&
+            context.seq_pos_max(lane) == static_cast<Pos>(in_lane) - 1) {
+            event.decision = CacheDecision::ExactHit;
+            event.tier = CacheTier::Lane;
+            return in_lane;
+        }
+        flush_lane(context, lane);
+        context.seq_clear(lane);  // could not trim: fall back to the stored entries
+    }
+    // Whatever follows replaces the lane's state: records still waiting for it go first.
+    flush_lane(context, lane);
+    if (stored < static_cast<int32_t>(policy_.min_tokens)) {
         context.seq_clear(lane);
-        retained.clear();  // the lane no longer holds anything to reuse in place
-        std::erase_if(recent_records_, [&](const auto& r) { return r.get() == recent; });
-        hit = exact_->acquire_longest(ns, query);
+        event.decision = CacheDecision::Miss;
+        if (n < static_cast<int32_t>(policy_.min_tokens) + 2) {
+            event.reason = "below_min_tokens";
+        } else if (config_.events_log_path.empty()) {
+            event.reason = "never_seen";
+        } else {
+            // Only worth the extra lookup when someone reads the reason.
+            const cache::NamespaceId plain = namespace_for("");
+            const bool elsewhere =
+                !prompt.cache_namespace.empty() &&
+                exact_->peek_longest(plain, prompt.tokens.first(static_cast<size_t>(limit)));
+            event.reason = elsewhere ? "namespace" : "never_seen";
+        }
+        return 0;
     }
-    if (!hit || hit->len < policy_.min_tokens) {
-        event.decision = "miss";
-        return {};
-    }
-    const auto key = query.first(hit->len);
     event.page_id = hit->page.str();
     event.bytes = hit->payload_bytes;
-    auto quarantine = [&](const std::string& why) {
+    // Hybrid/recurrent: the lane may hold the attention KV of the entry's prefix already;
+    // then only the recurrent state is imported.
+    const bool recurrent_only = layout_.has_recurrent && layout_.has_attention &&
+                                lane_common >= stored && hit->descriptor.recurrent_bytes > 0;
+    if (!recurrent_only) {
         context.seq_clear(lane);
-        event.decision = "exact_error";
-        event.reason = why;
-        const auto status = exact_->quarantine(ns, key, hit->page);
-        event.quarantined = status == cache::QuarantineStatus::Removed ||
-                            status == cache::QuarantineStatus::Deferred;
-        hit.reset();
-        return RestoreResult{};
-    };
-    if (page_of(ns, key) != hit->page) {
-        return quarantine("token range mismatch: page id differs from the prefix identity");
-    }
-    const auto t1 = Clock::now();
-    cache::ReconstructResult bytes = exact_->reconstruct(hit->lease);
-    event.reconstruct_ms = ms_since(t1);
-    if (!bytes.ok()) {
-        return quarantine(std::string("reconstruct failed: ") + cache::to_string(bytes.error));
     }
     std::string reason;
-    const auto t2 = Clock::now();
-    const bool imported = import_payload(context, lane, bytes.bytes.span(), hit->descriptor,
-                                         hit->len, reason, lane_holds(hit->len));
-    event.import_ms = ms_since(t2);
-    if (!imported) {
-        return quarantine(reason);
+    if (import_entry(context, lane, *hit, recurrent_only, reason, event)) {
+        event.decision = CacheDecision::ExactHit;
+        event.tier = recurrent_only ? CacheTier::Lane : CacheTier::Ram;
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        if (auto it = std::find(promoted_.begin(), promoted_.end(), hit->page);
+            it != promoted_.end()) {
+            event.tier = CacheTier::Disk;  // promoted from disk for this request
+            promoted_.erase(it);
+        }
+        return stored;
     }
-    event.decision = "exact_hit";
-    return RestoreResult{static_cast<int32_t>(hit->len), "exact_hit"};
+    context.seq_clear(lane);
+    event.decision = CacheDecision::Error;
+    event.reason = reason;
+    const auto key = prompt.tokens.first(static_cast<size_t>(stored));
+    const cache::PageId page = hit->page;
+    hit.reset();  // release the lease so the entry can go
+    const auto status = exact_->quarantine(ns, key, page);
+    event.quarantined =
+        status == cache::QuarantineStatus::Removed || status == cache::QuarantineStatus::Deferred;
+    return 0;
 }
 
-bool PrefixCacheStage::import_payload(runtime::InferenceContext& context, SeqId lane,
-                                      std::span<const uint8_t> bytes,
-                                      const cache::PayloadDescriptor& descriptor, size_t n_tokens,
-                                      std::string& reason, bool in_place) {
-    if (in_place && descriptor.kind == cache::PayloadKind::KvRecurrent &&
-        descriptor.recurrent_bytes > 0 && descriptor.kv_bytes > 0) {
-        // The lane holds this prefix's attention KV already (prefilled canonically): import
-        // only the recurrent state taken at the prefix end, then drop the lane's later
-        // cells (the recurrent part now ends at the prefix, so the removal is allowed).
-        const auto recurrent = decode_payload(bytes, descriptor, static_cast<uint32_t>(n_tokens),
-                                              layout_, &reason, PayloadPart::RecurrentOnly);
-        if (!recurrent) {
-            return false;  // the stored bytes are inconsistent: quarantine
-        }
-        if (context.state_import(*recurrent, lane, runtime::StateScope::PartialOnly) &&
-            context.seq_remove(lane, static_cast<Pos>(n_tokens), -1) &&
-            context.seq_pos_max(lane) == static_cast<Pos>(n_tokens) - 1) {
-            return true;
-        }
-    }
-    context.seq_clear(lane);  // a full import starts from an empty lane
-    const auto blob =
-        decode_payload(bytes, descriptor, static_cast<uint32_t>(n_tokens), layout_, &reason);
-    if (!blob) {
+bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId lane,
+                                    const cache::ExactHit& hit, bool recurrent_only,
+                                    std::string& reason, LookupEvent& event) {
+    const auto n = static_cast<uint32_t>(hit.len);
+    const auto t1 = Clock::now();
+    const cache::ReconstructError error = exact_->reconstruct_into(hit.lease, import_buffer_);
+    event.reconstruct_ms = ms_since(t1);
+    if (error != cache::ReconstructError::None) {
+        reason = std::string("reconstruct failed: ") + cache::to_string(error);
         return false;
     }
-    if (!context.state_import(*blob, lane, runtime::StateScope::Full)) {
-        reason = "state import failed";
+    const auto t2 = Clock::now();
+    const PayloadPart part = recurrent_only ? PayloadPart::RecurrentOnly : PayloadPart::Full;
+    if (!decode_payload(import_buffer_, hit.descriptor, n, layout_, blob_buffer_, &reason, part)) {
         return false;
     }
-    if (context.seq_pos_max(lane) != static_cast<Pos>(n_tokens) - 1) {
-        reason = "imported state has the wrong length";
+    const auto scope =
+        recurrent_only ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
+    bool ok = context.state_import(blob_buffer_, lane, scope);
+    if (ok && recurrent_only) {
+        ok = context.seq_remove(lane, static_cast<Pos>(n), -1);
+    }
+    event.import_ms = ms_since(t2);
+    if (!ok || context.seq_pos_max(lane) != static_cast<Pos>(n) - 1) {
+        reason = ok ? "imported state has the wrong length" : "state import failed";
         return false;
     }
     return true;
 }
 
-std::vector<int32_t> PrefixCacheStage::checkpoint_positions(const PromptInfo& prompt,
-                                                            int32_t n_restored) {
-    if (payload_ == ActivePayload::ResidentKv || !records_enabled(prompt)) {
-        return {};
+void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane,
+                                  const PromptInfo& prompt, int32_t n_tokens) {
+    if (!layout_.has_recurrent || !records_enabled(prompt)) {
+        return;
     }
-    std::vector<size_t> structural(prompt.message_boundaries.begin(),
-                                   prompt.message_boundaries.end());
-    std::vector<int32_t> out;
-    for (size_t len : cache::record_ladder(prompt.tokens.size(), structural, policy_)) {
-        if (static_cast<int32_t>(len) > n_restored) {
-            out.push_back(static_cast<int32_t>(len));
+    // Only the recurrent state is copied here (small); the attention KV of these tokens does
+    // not change while the lane goes on, so it is taken from the lane's export at release.
+    auto blob = context.state_export(
+        lane, layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full);
+    if (!blob.empty()) {
+        lanes_[static_cast<size_t>(lane)].checkpoints.push_back(
+            {n_tokens, std::make_shared<const std::vector<uint8_t>>(std::move(blob))});
+    }
+}
+
+void PrefixCacheStage::prompt_done(runtime::InferenceContext& context, SeqId lane,
+                                   const PromptInfo& prompt) {
+    if (!layout_.has_recurrent || !prompt.turn_end_follows) {
+        return;
+    }
+    // The end of the turn restarts from here: keep the recurrent state of the prompt end.
+    lanes_[static_cast<size_t>(lane)].turn_start = context.state_export(
+        lane, layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full);
+}
+
+bool PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
+                                      const PromptInfo& prompt, std::span<const Token> turn) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    const auto n = static_cast<Pos>(prompt.tokens.size());
+    if (!records_enabled(prompt) || turn.size() < prompt.tokens.size() + 2) {
+        return false;
+    }
+    if (layout_.has_recurrent) {
+        std::vector<uint8_t> start = std::move(state.turn_start);
+        state.turn_start.clear();
+        if (start.empty()) {
+            return false;
+        }
+        const auto scope =
+            layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
+        if (!context.state_import(start, lane, scope)) {
+            context.seq_clear(lane);
+            state.tokens.clear();
+            return false;
         }
     }
-    return out;
+    // The reply's cells were decoded token by token: drop them, the scheduler prefills the
+    // assistant message canonically from the end of the prompt.
+    if (!context.seq_remove(lane, n, -1) || context.seq_pos_max(lane) != n - 1) {
+        context.seq_clear(lane);
+        state.tokens.clear();
+        return false;
+    }
+    return true;
 }
 
-void PrefixCacheStage::on_checkpoint(runtime::InferenceContext& context, SeqId lane,
-                                     const PromptInfo& prompt, int32_t n_tokens) {
-    if (!records_enabled(prompt) || !exact_) {
+void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
+                               const PromptInfo& prompt, std::span<const Token> canonical,
+                               bool turn_end) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    state.last_used = ++clock_;
+    state.tokens.assign(canonical.begin(), canonical.end());
+    const Pos held = context.seq_pos_max(lane) + 1;
+    state.recurrent_at = held == static_cast<Pos>(canonical.size()) ? held : -1;
+    state.turn_start.clear();
+    if (!records_enabled(prompt) || canonical.empty()) {
+        state.pending.clear();
+        update_lane_gauge();
         return;
     }
-    if (prompt.track_turn_end && static_cast<size_t>(n_tokens) == prompt.tokens.size() &&
-        static_cast<size_t>(lane) < turn_start_state_.size()) {
-        turn_start_state_[static_cast<size_t>(lane)] =
-            context.state_export(lane, runtime::StateScope::Full);
+    // Dense models take any position from the export; hybrid/recurrent ones only where a
+    // checkpoint captured the recurrent state (the lane's own end included).
+    std::vector<int32_t> positions;
+    if (layout_.has_recurrent) {
+        if (turn_end && state.recurrent_at == static_cast<int32_t>(canonical.size())) {
+            auto blob =
+                context.state_export(lane, layout_.has_attention ? runtime::StateScope::PartialOnly
+                                                                 : runtime::StateScope::Full);
+            if (!blob.empty()) {
+                state.checkpoints.push_back(
+                    {state.recurrent_at,
+                     std::make_shared<const std::vector<uint8_t>>(std::move(blob))});
+            }
+        }
+        for (const auto& c : state.checkpoints) {
+            positions.push_back(c.n_tokens);
+        }
+    } else {
+        positions = record_positions(prompt, state.n_restored, turn_end);
+        if (turn_end) {
+            positions.push_back(static_cast<int32_t>(canonical.size()));
+        }
     }
-    record_exact(context, lane, prompt.tokens.first(static_cast<size_t>(n_tokens)),
-                 namespace_for(prompt.cache_namespace));
+    // Keep the checkpoints inside what the lane holds (the lane reuses them in place).
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
+        return cp.n_tokens > static_cast<int32_t>(state.tokens.size());
+    });
+    // The export is deferred: while the lane keeps this state (the same conversation comes
+    // back to it) nothing needs copying at all. It happens before the lane's state is
+    // replaced, or when the scheduler has been idle for a while (flush_lane).
+    for (int32_t p : positions) {
+        if (p >= static_cast<int32_t>(policy_.min_tokens) &&
+            p <= static_cast<int32_t>(state.tokens.size())) {
+            state.pending.push_back(p);
+        }
+    }
+    std::sort(state.pending.begin(), state.pending.end());
+    state.pending.erase(std::unique(state.pending.begin(), state.pending.end()),
+                        state.pending.end());
+    trim_checkpoints(state);
+    update_lane_gauge();
 }
 
-void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId lane,
-                                    std::span<const Token> tokens, const cache::NamespaceId& ns) {
-    RecordEvent event;
-    event.payload = active_payload_name(payload_);
-    event.tokens = static_cast<int32_t>(tokens.size());
-    const cache::PageId page = page_of(ns, tokens);
-    event.page_id = page.str();
+void PrefixCacheStage::trim_checkpoints(LaneState& state) const {
+    // Bounded memory: the newest few checkpoints (where the next request most likely
+    // diverges) plus those that pending records still need.
+    constexpr size_t kKeep = 4;
+    std::sort(state.checkpoints.begin(), state.checkpoints.end(),
+              [](const Checkpoint& a, const Checkpoint& b) { return a.n_tokens < b.n_tokens; });
+    const size_t n = state.checkpoints.size();
+    size_t i = 0;
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
+        const bool recent = i++ + kKeep >= n;
+        return !recent &&
+               !std::binary_search(state.pending.begin(), state.pending.end(), cp.n_tokens);
+    });
+}
+
+void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    if (state.pending.empty()) {
+        return;
+    }
+    std::vector<int32_t> positions = std::move(state.pending);
+    state.pending.clear();
+    submit_records(context, lane, state, std::move(positions), false);
+    update_lane_gauge();
+}
+
+bool PrefixCacheStage::has_idle_work() const {
+    return std::any_of(lanes_.begin(), lanes_.end(),
+                       [](const LaneState& s) { return !s.pending.empty(); });
+}
+
+void PrefixCacheStage::idle(runtime::InferenceContext& context) {
+    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+        flush_lane(context, static_cast<SeqId>(lane));
+    }
+}
+
+void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId lane,
+                                      LaneState& state, std::vector<int32_t> positions,
+                                      bool turn_end) {
+    (void)turn_end;
+    const cache::NamespaceId ns = state.ns;
+    std::sort(positions.begin(), positions.end());
+    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
     // Cheap, non-blocking admission checks before paying for the export.
-    if (exact_->try_contains(ns, tokens, page) == cache::Presence::Present) {
-        event.decision = "already_present";
-        telemetry_->record(event);
+    std::vector<LaneRecordItem> items;
+    for (int32_t p : positions) {
+        if (p < static_cast<int32_t>(policy_.min_tokens) ||
+            p > static_cast<int32_t>(state.tokens.size())) {
+            continue;
+        }
+        const auto tokens = std::span<const Token>(state.tokens).first(static_cast<size_t>(p));
+        const cache::PageId page = page_of(ns, tokens);
+        RecordEvent event;
+        event.payload = cache::to_string(layout_.kind);
+        event.tokens = p;
+        event.page_id = page.str();
+        const cache::Presence presence = exact_->try_contains(ns, tokens, page);
+        if (presence != cache::Presence::Absent) {
+            event.decision = presence == cache::Presence::Present ? "already_present" : "busy";
+            telemetry_->record(event);
+            continue;
+        }
+        LaneRecordItem item{p, page, {}};
+        if (layout_.has_recurrent) {
+            auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
+                                   [&](const Checkpoint& c) { return c.n_tokens == p; });
+            if (it == state.checkpoints.end()) {
+                continue;
+            }
+            item.recurrent = it->recurrent;
+        }
+        items.push_back(std::move(item));
+    }
+    if (items.empty()) {
         return;
     }
-    const cache::Admission probe = queue_->probe(page);
+    const cache::PageId job_page = items.back().page;
+    RecordEvent event;
+    event.payload = cache::to_string(layout_.kind);
+    event.tokens = items.back().n;
+    event.page_id = job_page.str();
+    const cache::Admission probe = queue_->probe(job_page);
     if (probe != cache::Admission::Queued) {
         event.decision = probe == cache::Admission::DroppedFull       ? "dropped_full"
                          : probe == cache::Admission::AlreadyInFlight ? "in_flight"
@@ -373,10 +639,19 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
         telemetry_->record(event);
         return;
     }
+    const size_t estimate = context.state_size(lane, runtime::StateScope::Full);
+    if (queued_bytes_->load() + estimate > queue_budget_bytes_) {
+        event.decision = "dropped_full";
+        event.reason = "queued captures at their byte budget";
+        telemetry_->record(event);
+        return;
+    }
+    // The one copy on the scheduler thread: the lane's state as llama.cpp exports it.
     const auto t0 = Clock::now();
-    EncodedPayload encoded;
+    auto captured = std::make_shared<CapturedState>();
     try {
-        encoded = export_payload(context, lane, static_cast<uint32_t>(tokens.size()), layout_);
+        const auto held = static_cast<uint32_t>(context.seq_pos_max(lane) + 1);
+        *captured = capture_state(context, lane, held, layout_);
     } catch (const std::exception& e) {
         event.decision = "failed";
         event.reason = e.what();
@@ -384,164 +659,42 @@ void PrefixCacheStage::record_exact(runtime::InferenceContext& context, SeqId la
         return;
     }
     event.export_ms = ms_since(t0);
-    event.bytes = encoded.bytes.size();
-    auto payload = std::make_shared<const cache::ExactRecordPayload>(cache::ExactRecordPayload{
-        ns, std::vector<Token>(tokens.begin(), tokens.end()), page, encoded.descriptor,
-        std::move(encoded.bytes), std::move(encoded.cuts)});
-    CacheTelemetry* telemetry = telemetry_.get();
-    cache::ExactStateCache* exact = exact_.get();
-    const RecordEvent queued_event = event;
-    auto job = cache::make_exact_record_job(
-        *exact_, payload, [telemetry, exact, queued_event](const cache::ExactInsertResult& r) {
-            RecordEvent done = queued_event;
-            done.decision = r.stored() ? "stored" : "failed";
-            if (!r.stored()) {
-                done.reason = cache::to_string(r.status);
-            }
-            done.new_blocks = r.blocks.new_blocks;
-            done.reused_blocks = r.blocks.reused_blocks;
-            done.hash_ms = r.blocks.hash_seconds * 1000.0;
-            done.evicted = r.evicted.size();
-            if (auto stats = exact->try_stats()) {
-                done.entries = stats->entries;
-            }
-            telemetry->record(done);
-        });
-    const cache::Admission admission = queue_->submit(std::move(job));
+    event.bytes = captured->blob.size();
+    const uint64_t charged = captured->blob.size();
+    queued_bytes_->fetch_add(charged);
+    LaneRecord record;
+    record.ns = ns;
+    record.captured = std::move(captured);
+    record.items = std::move(items);
+    record.tokens = state.tokens;
+    auto queued_bytes = queued_bytes_;
+    auto run = make_lane_record_job(std::move(record), *exact_, disk_.get(), *telemetry_, layout_,
+                                    [queued_bytes, charged] { queued_bytes->fetch_sub(charged); });
+    // (the release runs when the job is destroyed: after it ran, or when it was dropped)
+    const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
+
     event.decision = admission == cache::Admission::Queued ? "queued" : "dropped_full";
-    if (admission == cache::Admission::Queued) {
-        recent_records_.push_back(std::move(payload));
-        const size_t cap = std::max<size_t>(4, 2 * static_cast<size_t>(n_lanes_));
-        while (recent_records_.size() > cap) {
-            recent_records_.pop_front();
-        }
-    }
     telemetry_->record(event);
 }
 
-void PrefixCacheStage::on_finish(runtime::InferenceContext& context, SeqId lane,
-                                 std::span<const Token> lane_tokens, const PromptInfo& prompt) {
-    if (!records_enabled(prompt) || lane_tokens.size() < policy_.min_tokens) {
-        return;
+void PrefixCacheStage::update_lane_gauge() {
+    size_t total = 0;
+    size_t pending = 0;
+    for (const auto& lane : lanes_) {
+        total += lane.tokens.size();
+        pending += lane.pending.empty() ? 0 : 1;
     }
-    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
-    if (payload_ != ActivePayload::ResidentKv) {
-        // Not recorded for exact payloads: the reply was decoded token by token, and the
-        // recurrent kernels round differently than for the prefill of the next turn, so a
-        // state taken here would not be bit-identical to an uncached run. The next turn
-        // restores the checkpoint at the end of this prompt (its generation prompt).
-        return;
-    }
-    RecordEvent event;
-    event.payload = active_payload_name(payload_);
-    event.tokens = static_cast<int32_t>(lane_tokens.size());
-    const cache::ResidentInsertResult r = resident_->insert(ns, lane_tokens);
-    drop_sequences(context, r.evicted);
-    event.evicted = r.evicted.size();
-    switch (r.status) {
-        case cache::ResidentInsertStatus::Inserted:
-            context.seq_clear(r.seq_id);
-            context.seq_copy(lane, r.seq_id, 0, static_cast<Pos>(r.stored_len));
-            if (context.seq_pos_max(r.seq_id) != static_cast<Pos>(r.stored_len) - 1) {
-                const auto removed = resident_->remove_seq(r.seq_id);
-                if (removed.status == cache::RemoveStatus::Removed) {
-                    drop_sequences(context, {removed.seq_id});
-                }
-                event.decision = "failed";
-                event.reason = "sequence copy failed";
-            } else {
-                event.decision = "resident_inserted";
-            }
-            break;
-        case cache::ResidentInsertStatus::AlreadyCovered:
-            event.decision = "resident_covered";
-            break;
-        default:
-            event.decision = "resident_no_capacity";
-            event.reason = cache::to_string(r.status);
-            break;
-    }
-    event.entries = resident_->stats().entries;
-    telemetry_->record(event);
+    lane_tokens_.store(total, std::memory_order_relaxed);
+    lanes_pending_.store(pending, std::memory_order_release);
 }
 
-void PrefixCacheStage::drop_sequences(runtime::InferenceContext& context,
-                                      const std::vector<int32_t>& seqs) {
-    if (seqs.empty()) {
-        return;
-    }
-    for (int32_t s : seqs) {
-        context.seq_clear(s);
-    }
-    resident_->confirm_dropped(seqs);
-}
-
-void PrefixCacheStage::make_room(runtime::InferenceContext& context, uint32_t n_cells) {
-    if (!resident_) {
-        return;
-    }
-    // Estimate of used cells: resident paths with shared prefixes counted once (a resident
-    // entry shares the cells of the prefix it was restored from) + what lanes hold beyond
-    // the prefix they share with a resident entry.
-    uint64_t used = resident_->stats().distinct_tokens;
-    for (uint32_t lane = 0; lane < n_lanes_; ++lane) {
-        const auto held = static_cast<int64_t>(context.seq_pos_max(static_cast<SeqId>(lane)) + 1);
-        used += static_cast<uint64_t>(std::max<int64_t>(0, held - lane_shared_tokens_[lane]));
-    }
-    if (used + n_cells <= n_ctx_) {
-        return;
-    }
-    const auto evicted = resident_->evict_tokens(used + n_cells - n_ctx_);
-    drop_sequences(context, evicted);
-    telemetry_->resident_evictions(evicted.size());
-}
-
-bool PrefixCacheStage::keeps_lane_state() const {
-    return payload_ == ActivePayload::KvRecurrent && config_.mode == CacheMode::LookupRecord;
-}
-
-void PrefixCacheStage::lane_released(SeqId lane, std::span<const Token> retained) {
-    if (static_cast<size_t>(lane) < retained_tokens_.size()) {
-        retained_tokens_[static_cast<size_t>(lane)].assign(retained.begin(), retained.end());
-    }
-}
-
-bool PrefixCacheStage::tracks_turn_end() const {
-    return payload_ != ActivePayload::ResidentKv && config_.mode != CacheMode::Off;
-}
-
-bool PrefixCacheStage::restore_turn_start(runtime::InferenceContext& context, SeqId lane,
-                                          const PromptInfo& prompt) {
-    if (static_cast<size_t>(lane) >= turn_start_state_.size()) {
-        return false;
-    }
-    std::vector<uint8_t> state = std::move(turn_start_state_[static_cast<size_t>(lane)]);
-    turn_start_state_[static_cast<size_t>(lane)].clear();
+void PrefixCacheStage::discard(runtime::InferenceContext& context, SeqId lane) {
     context.seq_clear(lane);
-    if (state.empty() || !context.state_import(state, lane, runtime::StateScope::Full) ||
-        context.seq_pos_max(lane) != static_cast<Pos>(prompt.tokens.size()) - 1) {
-        context.seq_clear(lane);
-        return false;
-    }
-    return true;
-}
-
-bool PrefixCacheStage::evict_for_space(runtime::InferenceContext& context) {
-    if (!resident_) {
-        // Idle lanes that kept their state give their cells back first.
-        for (size_t lane = 0; lane < retained_tokens_.size(); ++lane) {
-            if (!retained_tokens_[lane].empty()) {
-                retained_tokens_[lane].clear();
-                context.seq_clear(static_cast<SeqId>(lane));
-                return true;
-            }
-        }
-        return false;
-    }
-    const auto evicted = resident_->evict_tokens(1);
-    drop_sequences(context, evicted);
-    telemetry_->resident_evictions(evicted.size());
-    return !evicted.empty();
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    const uint64_t used = state.last_used;
+    state = LaneState{};
+    state.last_used = used;
+    update_lane_gauge();
 }
 
 std::string PrefixCacheStage::metrics_text() const {
@@ -550,30 +703,56 @@ std::string PrefixCacheStage::metrics_text() const {
         out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name +
                " " + std::to_string(v) + "\n";
     };
-    if (resident_) {
-        const auto s = resident_->stats();
-        gauge("skippy_cache_resident_entries", "Resident prefixes held in spare sequences.",
-              static_cast<double>(s.entries));
-        gauge("skippy_cache_resident_tokens", "Tokens held by resident prefixes.",
-              static_cast<double>(s.tokens));
+    if (auto s = exact_->try_stats()) {
+        gauge("skippy_cache_exact_entries", "Exact-state entries.",
+              static_cast<double>(s->entries));
+        gauge("skippy_cache_physical_bytes", "Unique block bytes of exact-state payloads.",
+              static_cast<double>(s->blocks.physical_bytes));
+        gauge("skippy_cache_logical_bytes", "Payload bytes referenced by entries.",
+              static_cast<double>(s->blocks.logical_bytes));
+        gauge("skippy_cache_blocks", "Stored blocks.", static_cast<double>(s->blocks.block_count));
     }
-    if (exact_) {
-        if (auto s = exact_->try_stats()) {
-            gauge("skippy_cache_exact_entries", "Exact-state entries.",
-                  static_cast<double>(s->entries));
-            gauge("skippy_cache_physical_bytes", "Unique block bytes of exact-state payloads.",
-                  static_cast<double>(s->blocks.physical_bytes));
-            gauge("skippy_cache_logical_bytes", "Payload bytes referenced by entries.",
-                  static_cast<double>(s->blocks.logical_bytes));
-            gauge("skippy_cache_blocks", "Stored blocks.",
-                  static_cast<double>(s->blocks.block_count));
-        }
-        const auto q = queue_->counters();
-        gauge("skippy_cache_record_queue_pending", "Record jobs queued or running.",
-              static_cast<double>(q.pending));
-        gauge("skippy_cache_record_worker_failures", "Record jobs that failed in the worker.",
-              static_cast<double>(q.failed));
+    const auto q = queue_->counters();
+    gauge("skippy_cache_record_queue_pending", "Record jobs queued or running.",
+          static_cast<double>(q.pending));
+    gauge("skippy_cache_record_queue_bytes", "Captured state bytes waiting in the record queue.",
+          static_cast<double>(queued_bytes_->load()));
+    gauge("skippy_cache_record_worker_failures", "Record jobs that failed in the worker.",
+          static_cast<double>(q.failed));
+    if (disk_) {
+        const auto d = disk_->stats();
+        gauge("skippy_cache_disk_entries", "Entries in the disk tier.",
+              static_cast<double>(d.entries));
+        gauge("skippy_cache_disk_bytes", "Bytes of the disk tier (blocks + manifests).",
+              static_cast<double>(d.disk_bytes));
+        gauge("skippy_cache_disk_read_only", "1 when the disk tier stopped writing.",
+              d.mode == cache::DiskMode::ReadOnly ? 1.0 : 0.0);
+        gauge("skippy_cache_disk_write_queue_depth", "Disk writes queued or running.",
+              static_cast<double>(d.queue_depth));
+        gauge("skippy_cache_disk_reconcile_ms", "Start-up reconciliation of the disk tier.",
+              d.reconcile_ms);
+        auto counter = [&](const char* name, const char* help, double v) {
+            out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" +
+                   name + " " + std::to_string(v) + "\n";
+        };
+        counter("skippy_cache_disk_hits_total", "Disk lookups that found a longer prefix.",
+                static_cast<double>(d.hits));
+        counter("skippy_cache_disk_promotions_total", "Entries read from disk into RAM.",
+                static_cast<double>(disk_promotions_.load()));
+        counter("skippy_cache_disk_writes_total", "Entries committed to disk (demotions).",
+                static_cast<double>(d.writes));
+        counter("skippy_cache_disk_write_failures_total",
+                "Disk writes that failed (I/O errors, no space).",
+                static_cast<double>(d.write_failures + d.write_no_room));
+        counter("skippy_cache_disk_write_dropped_total", "Disk writes dropped (queue full).",
+                static_cast<double>(d.dropped_full));
+        counter("skippy_cache_disk_read_failures_total", "Disk reads that failed verification.",
+                static_cast<double>(disk_read_failures_.load()));
+        counter("skippy_cache_disk_quarantined_total", "Disk entries removed as bad.",
+                static_cast<double>(d.quarantines));
     }
+    gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
+          static_cast<double>(lane_tokens_.load(std::memory_order_relaxed)));
     return out;
 }
 

@@ -1,34 +1,43 @@
-// PrefixCacheStage: the exact prefix cache wired into one request's life.
+// PrefixCacheStage: the exact prefix cache wired into one request's life on a lane, for
+// every model family (dense, hybrid, recurrent), with one payload kind: KV token-range
+// pages, plus the recurrent state exactly at the checkpoint where the model has one.
 //
-//   restore:  lookup identities longest first -> exact-state hit (import payload into the
-//             lane) or resident hit (seq_cp from the cache sequence) -> else miss. Runs as
-//             a transaction: on any failure the lane is cleared and the request prefills
-//             normally; bad stored bytes quarantine the entry.
-//   record:   resident-kv: at the end of a request the lane's tokens are copied into a
-//             spare cache sequence. kv-recurrent / full-state: at checkpoint positions
-//             (record ladder + chat-message boundaries + end of turn) the state is exported
-//             and handed to the bounded record queue; never blocks the request.
-//   evict:    resident entries are dropped before a batch that would not fit.
+//   choose_lane  lane affinity: the idle lane (of the same namespace) whose state covers
+//                the longest prefix of the prompt; else an empty or least recently used one.
+//   plan         restore, longest first, from: the lane itself (no copy; dense lanes are
+//                trimmed to the common prefix, hybrid/recurrent lanes only when their
+//                recurrent state sits exactly there), the lane's attention KV plus a stored
+//                recurrent checkpoint, or a stored entry imported in full. Runs as a
+//                transaction: on any failure the lane is cleared, bad stored bytes are
+//                quarantined, and the request prefills normally. Then the prefill chunks
+//                (plan.h's exactness rule) and, for hybrid/recurrent models, checkpoints:
+//                the recurrent state is exported exactly there (a small partial export).
+//   release      notes what can be hit and is not stored yet: message boundaries new in
+//                this request, the prompt end - 2 for requests without an end of turn, and
+//                the end of the turn. The lane keeps its state for the next request, so the
+//                export is deferred until that state is about to be replaced or the
+//                scheduler is idle; then the scheduler thread makes one copy of the lane
+//                state (llama.cpp's export) and paging, hashing, dedupe and insertion run
+//                on the record worker.
 //
 // Thread safety: the StageBackend hooks run on the scheduler thread (which owns the
-// InferenceContext). The caches are shared with the record worker and /metrics through
-// their own internal mutexes; the request path only uses try_lock-based presence checks
-// before exporting, so it never waits for the record worker.
+// InferenceContext). The exact-state cache and the record queue have their own mutexes and
+// are shared with the record worker and /metrics; the scheduler thread only uses try_lock
+// presence checks before exporting and never waits for the record worker. Lane states are
+// scheduler-thread only.
 #pragma once
 
-#include <deque>
-#include <map>
+#include <atomic>
 #include <memory>
-#include <optional>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cache/candidate_policy.h"
-#include "cache/exact_record_job.h"
+#include "cache/disk_store.h"
 #include "cache/exact_state_cache.h"
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
-#include "cache/resident_cache.h"
 #include "runtime/model.h"
 #include "stage/cache_config.h"
 #include "stage/cache_telemetry.h"
@@ -37,82 +46,107 @@
 
 namespace skippy::stage {
 
-enum class ActivePayload { ResidentKv, KvRecurrent, FullState };
-const char* active_payload_name(ActivePayload payload);
-
 class PrefixCacheStage final : public StageBackend {
   public:
     PrefixCacheStage(const CacheConfig& config, const runtime::Model& model,
-                     const runtime::ContextOptions& context, ActivePayload payload);
+                     const runtime::ContextOptions& context, cache::PayloadKind payload);
     ~PrefixCacheStage() override;
 
-    uint32_t spare_sequences() const override;
-    void attach(runtime::InferenceContext& context, SeqId first_spare_seq,
-                uint32_t n_lanes) override;
-    RestoreResult restore(runtime::InferenceContext& context, SeqId lane,
-                          const PromptInfo& prompt) override;
-    std::vector<int32_t> checkpoint_positions(const PromptInfo& prompt,
-                                              int32_t n_restored) override;
-    void on_checkpoint(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
-                       int32_t n_tokens) override;
-    void on_finish(runtime::InferenceContext& context, SeqId lane,
-                   std::span<const Token> lane_tokens, const PromptInfo& prompt) override;
-    void make_room(runtime::InferenceContext& context, uint32_t n_cells) override;
-    bool evict_for_space(runtime::InferenceContext& context) override;
-    bool tracks_turn_end() const override;
-    bool keeps_lane_state() const override;
-    void lane_released(SeqId lane, std::span<const Token> retained) override;
-    bool restore_turn_start(runtime::InferenceContext& context, SeqId lane,
-                            const PromptInfo& prompt) override;
+    void attach(runtime::InferenceContext& context, uint32_t n_lanes) override;
+    SeqId choose_lane(std::span<const SeqId> idle, const PromptInfo& prompt) override;
+    Plan plan(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+              int32_t max_chunk) override;
+    void checkpoint(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                    int32_t n_tokens) override;
+    void prompt_done(runtime::InferenceContext& context, SeqId lane,
+                     const PromptInfo& prompt) override;
+    bool begin_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                        std::span<const Token> turn) override;
+    void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                 std::span<const Token> canonical, bool turn_end) override;
+    void discard(runtime::InferenceContext& context, SeqId lane) override;
+    bool wants_turn_end(const PromptInfo& prompt) const override;
+    void prefetch(const PromptInfo& prompt) override;
+    bool has_idle_work() const override;
+    void idle(runtime::InferenceContext& context) override;
+    // Lanes whose records still wait for their export (any thread; tests wait for 0).
+    size_t lanes_pending() const { return lanes_pending_.load(std::memory_order_acquire); }
+    // Bytes of captured states charged to the record queue (0 once the queue is idle).
+    uint64_t queued_bytes() const { return queued_bytes_->load(); }
 
     std::string metrics_text() const;
-    ActivePayload payload() const { return payload_; }
-    // Test hooks: the caches and the queue.
+    cache::PayloadKind payload() const { return layout_.kind; }
+    // Test hooks.
     cache::ExactStateCache* exact_cache() { return exact_.get(); }
-    cache::ResidentCache* resident_cache() { return resident_.get(); }
+    cache::DiskStore* disk_store() { return disk_.get(); }
+    // Start-up note about the disk tier (opened, read-only, locked by another process...).
+    const std::string& disk_note() const { return disk_note_; }
     cache::RecordQueue* record_queue() { return queue_.get(); }
     cache::NamespaceId namespace_for(const std::string& key) const;
+    // Forgets what the lanes hold (so the next restore comes from the stored entries).
+    void debug_forget_lanes();
 
   private:
-    RestoreResult restore_into_lane(runtime::InferenceContext& context, SeqId lane,
-                                    const PromptInfo& prompt);
+    struct Checkpoint {
+        int32_t n_tokens = 0;
+        // Partial-only export at n_tokens (hybrid/recurrent), shared with the record job.
+        std::shared_ptr<const std::vector<uint8_t>> recurrent;
+    };
+    struct LaneState {
+        bool has_ns = false;
+        cache::NamespaceId ns;
+        std::vector<Token> tokens;  // prefilled tokens whose state the lane holds
+        // Position of the lane's recurrent state when it is exactly the end of `tokens`
+        // (prefilled, nothing decoded after it); -1 otherwise.
+        int32_t recurrent_at = -1;
+        // Taken during the last request on this lane, kept while the lane keeps its state:
+        // a next request that shares the prefix imports only one of these.
+        std::vector<Checkpoint> checkpoints;
+        std::vector<uint8_t> turn_start;  // recurrent state at the prompt end
+        int32_t n_restored = 0;           // of the current request
+        std::vector<int32_t> pending;     // positions to record, export deferred
+        uint64_t last_used = 0;
+    };
+
     bool lookups_enabled(const PromptInfo& prompt) const;
     bool records_enabled(const PromptInfo& prompt) const;
-    RestoreResult restore_exact(runtime::InferenceContext& context, SeqId lane,
-                                const PromptInfo& prompt, const cache::NamespaceId& ns,
-                                LookupEvent& event);
-    RestoreResult restore_resident(runtime::InferenceContext& context, SeqId lane,
-                                   const PromptInfo& prompt, const cache::NamespaceId& ns,
-                                   LookupEvent& event);
-    void record_exact(runtime::InferenceContext& context, SeqId lane, std::span<const Token> tokens,
-                      const cache::NamespaceId& ns);
-    void drop_sequences(runtime::InferenceContext& context, const std::vector<int32_t>& seqs);
+    int32_t lane_match(const LaneState& lane, const cache::NamespaceId& ns,
+                       std::span<const Token> tokens) const;
+    std::vector<int32_t> record_positions(const PromptInfo& prompt, int32_t n_restored,
+                                          bool turn_end_follows) const;
+    int32_t restore(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                    const cache::NamespaceId& ns, LookupEvent& event);
+    bool import_entry(runtime::InferenceContext& context, SeqId lane, const cache::ExactHit& hit,
+                      bool recurrent_only, std::string& reason, LookupEvent& event);
+    void update_lane_gauge();
+    void flush_lane(runtime::InferenceContext& context, SeqId lane);
+    void trim_checkpoints(LaneState& state) const;
+    void submit_records(runtime::InferenceContext& context, SeqId lane, LaneState& state,
+                        std::vector<int32_t> positions, bool turn_end);
 
     CacheConfig config_;
     const runtime::Model& model_;
-    ActivePayload payload_;
     cache::CandidatePolicy policy_;
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
-    uint32_t n_ctx_ = 0;
-    uint32_t n_lanes_ = 0;
     std::unique_ptr<cache::ExactStateCache> exact_;
+    std::unique_ptr<cache::DiskStore> disk_;  // null: no disk tier
+    std::string disk_note_;
+    // Pages promoted from disk by prefetch() and not restored yet (tier reporting).
+    mutable std::mutex promoted_mutex_;
+    std::vector<cache::PageId> promoted_;
+    std::atomic<uint64_t> disk_promotions_{0}, disk_read_failures_{0};
     std::unique_ptr<cache::RecordQueue> queue_;
-    std::unique_ptr<cache::ResidentCache> resident_;
-    std::vector<int32_t> lane_shared_tokens_;  // per lane: cells shared with a resident entry
-    std::vector<std::vector<uint8_t>> turn_start_state_;  // per lane: state at the prompt end
-    // Per idle lane: tokens whose state the lane still holds, prefilled canonically (the
-    // attention KV of a prefix of them can be kept and only the recurrent state imported).
-    std::vector<std::vector<Token>> retained_tokens_;
-    // Records handed to the queue but maybe not inserted yet, so that the very next request
-    // of a conversation (an agent's immediate follow-up) can restore them already.
-    // Scheduler thread only; bounded; entries leave once the cache holds them.
-    // Shared with the queued job (no copy of the bytes).
-    std::deque<std::shared_ptr<const cache::ExactRecordPayload>> recent_records_;
-    bool import_payload(runtime::InferenceContext& context, SeqId lane,
-                        std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
-                        size_t n_tokens, std::string& reason, bool in_place);
     std::unique_ptr<CacheTelemetry> telemetry_;
+    std::vector<LaneState> lanes_;
+    uint64_t clock_ = 0;
+    std::vector<uint8_t> import_buffer_;  // reconstructed payload, reused across restores
+    std::vector<uint8_t> blob_buffer_;    // decoded llama.cpp blob, reused across restores
+    // Bytes of captured states waiting in the record queue (they count against the budget).
+    std::shared_ptr<std::atomic<uint64_t>> queued_bytes_;
+    uint64_t queue_budget_bytes_ = 0;
+    std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
+    std::atomic<size_t> lanes_pending_{0};
 };
 
 }  // namespace skippy::stage

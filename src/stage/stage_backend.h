@@ -1,10 +1,18 @@
-// StageBackend: the hooks the scheduler calls during one request's life on a lane:
-//   restore (lookup + import) -> prefill suffix, pausing at checkpoint positions ->
-//   on_checkpoint (record) -> decode -> on_finish (record) ; make_room before batches.
+// StageBackend: one request's life on a lane against the prefix cache. The scheduler asks
+// for a lane (affinity), then for a plan (the stage restores the prefix while planning),
+// executes it (prefill chunks, checkpoints, decode), and hands the lane back when the
+// request (and, for chat, the canonical end of its turn) is done:
 //
-// Thread safety: every hook is called on the scheduler thread, the one thread that owns
-// the InferenceContext. Implementations share cache state with other threads (record
-// worker, /metrics) only through their own documented locks.
+//   lane = choose_lane(idle, prompt)          -> the idle lane that holds most of the prompt
+//   plan = plan(ctx, lane, prompt)            -> restore + chunk ends + checkpoints
+//   checkpoint(ctx, lane, prompt, n)          -> at each plan.checkpoints position
+//   ... decode the reply ...
+//   if (begin_turn_end(ctx, lane, prompt, turn)) prefill turn[prompt.size(), turn.size())
+//   release(ctx, lane, canonical)             -> records what is new; the lane keeps it
+//
+// Thread safety: every hook runs on the scheduler thread, the one thread that owns the
+// InferenceContext. Implementations share cache state with other threads (record worker,
+// /metrics) only through their own documented locks and never wait on them.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +21,7 @@
 #include <vector>
 
 #include "runtime/inference_context.h"
+#include "stage/plan.h"
 
 namespace skippy::stage {
 
@@ -23,83 +32,80 @@ using runtime::Token;
 // What the stage may know about a request's prompt.
 struct PromptInfo {
     std::span<const Token> tokens;
-    // Structural record positions (token counts): ends of chat-template messages.
+    // Token counts where chat-template messages end (and where the generation prompt before
+    // each earlier assistant message ends): where the next request of an agent or a chat
+    // diverges, so where checkpoints pay off.
     std::vector<int32_t> message_boundaries;
     std::string cache_namespace;  // tenant key; empty = default namespace
     bool cache_enabled = true;    // per-request opt-out
-    // The scheduler will ask for the state at the end of this prompt after the reply
-    // (restore_turn_start) to record the canonical end of the turn.
-    bool track_turn_end = false;
-};
-
-struct RestoreResult {
-    int32_t n_restored = 0;  // prompt tokens now present in the lane
-    std::string decision = "miss";
+    // The scheduler will prefill the end of this turn after the reply (chat requests).
+    bool turn_end_follows = false;
 };
 
 class StageBackend {
   public:
     virtual ~StageBackend() = default;
 
-    // Sequence ids beyond the lanes that the stage needs in the context (resident cache).
-    virtual uint32_t spare_sequences() const = 0;
-    // Called once, after the context exists, with the first spare sequence id.
-    virtual void attach(runtime::InferenceContext& context, SeqId first_spare_seq,
-                        uint32_t n_lanes) = 0;
-
-    // Restores the longest cached prefix of the prompt into the empty lane. Must leave the
-    // lane either holding exactly `n_restored` prompt tokens or empty (n_restored = 0).
-    virtual RestoreResult restore(runtime::InferenceContext& context, SeqId lane,
-                                  const PromptInfo& prompt) = 0;
-
-    // Ascending token counts in (n_restored, prompt size] where the prefill must pause so
-    // that on_checkpoint can export the lane state exactly there.
-    virtual std::vector<int32_t> checkpoint_positions(const PromptInfo& prompt,
-                                                      int32_t n_restored) = 0;
-    virtual void on_checkpoint(runtime::InferenceContext& context, SeqId lane,
-                               const PromptInfo& prompt, int32_t n_tokens) = 0;
-
-    // The request completed; the lane holds `lane_tokens` (prompt + decoded reply tokens).
-    virtual void on_finish(runtime::InferenceContext& context, SeqId lane,
-                           std::span<const Token> lane_tokens, const PromptInfo& prompt) = 0;
-
-    // Before a decode that needs `n_cells` free KV cells; may evict resident entries.
-    virtual void make_room(runtime::InferenceContext& context, uint32_t n_cells) = 0;
-    // A decode found no KV slot: evict one more entry. False when nothing is evictable.
-    virtual bool evict_for_space(runtime::InferenceContext& context) = 0;
-
-    // End-of-turn recording for stateful payloads: after the reply, the scheduler puts the
-    // lane back to the state at the end of the prompt (kept at its checkpoint) and prefills
-    // the conversation as the next request will render it, in canonical chunks, so the
-    // checkpoint at the end of the assistant message is bit-identical to a cold prefill.
-    virtual bool tracks_turn_end() const { return false; }
-
-    // Lanes keep their state after a request: the scheduler does not clear a finished lane,
-    // it tells the stage which of its tokens were prefilled canonically (`retained`, empty
-    // when the lane was cleared), and restore() may reuse that state in place. restore()
-    // must then leave the lane empty or holding exactly the restored prefix.
-    virtual bool keeps_lane_state() const { return false; }
-    virtual void lane_released(SeqId /*lane*/, std::span<const Token> /*retained*/) {}
-    virtual bool restore_turn_start(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
-                                    const PromptInfo& /*prompt*/) {
+    virtual void attach(runtime::InferenceContext& context, uint32_t n_lanes) = 0;
+    // One of `idle` (not empty) for this prompt.
+    virtual SeqId choose_lane(std::span<const SeqId> idle, const PromptInfo& prompt) = 0;
+    // Restores the best cached prefix into `lane` and plans the prefill of the rest. The
+    // lane holds exactly plan.n_restored prompt tokens afterwards.
+    virtual Plan plan(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                      int32_t max_chunk) = 0;
+    // The prefill reached plan checkpoint `n_tokens`.
+    virtual void checkpoint(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
+                            const PromptInfo& /*prompt*/, int32_t /*n_tokens*/) {}
+    // End of turn: the reply is out; put the lane back to the end of the prompt so that the
+    // scheduler can prefill `turn` (the conversation as the next request will render it)
+    // from there. False = no end-of-turn work.
+    virtual bool begin_turn_end(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
+                                const PromptInfo& /*prompt*/, std::span<const Token> /*turn*/) {
         return false;
     }
+    // The lane is free again. Its first `canonical.size()` tokens are `canonical` and were
+    // prefilled (their state is exact); anything after them was decoded. `turn_end`: the
+    // lane's state is exactly the end of a turn (canonical holds all of it).
+    virtual void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                         std::span<const Token> canonical, bool turn_end) = 0;
+    // The request failed or was cancelled: forget the lane's state.
+    virtual void discard(runtime::InferenceContext& context, SeqId lane) {
+        context.seq_clear(lane);
+    }
+    // The prompt is prefilled and its first token sampled; the lane state is still exactly
+    // the end of the prompt (the sampled token is not decoded yet).
+    virtual void prompt_done(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
+                             const PromptInfo& /*prompt*/) {}
+    // Any thread (the HTTP thread that submits the request), before the request is queued:
+    // may bring a longer cached prefix up from a slower tier (disk I/O happens here, never
+    // on the scheduler thread).
+    virtual void prefetch(const PromptInfo& /*prompt*/) {}
+    // Deferred work (records) the stage would like to do while no request is running.
+    virtual bool has_idle_work() const { return false; }
+    virtual void idle(runtime::InferenceContext& /*context*/) {}
+    // Whether end-of-turn work is worth doing for this request.
+    virtual bool wants_turn_end(const PromptInfo& /*prompt*/) const { return false; }
 };
 
-// The stage used when the prefix cache is off: every request is a miss.
+// The stage used when the prefix cache is off: every request is a miss on an empty lane.
 class NoCacheStage final : public StageBackend {
   public:
-    uint32_t spare_sequences() const override { return 0; }
-    void attach(runtime::InferenceContext&, SeqId, uint32_t) override {}
-    RestoreResult restore(runtime::InferenceContext&, SeqId, const PromptInfo&) override {
-        return {};
+    void attach(runtime::InferenceContext&, uint32_t) override {}
+    SeqId choose_lane(std::span<const SeqId> idle, const PromptInfo&) override {
+        return idle.front();
     }
-    std::vector<int32_t> checkpoint_positions(const PromptInfo&, int32_t) override { return {}; }
-    void on_checkpoint(runtime::InferenceContext&, SeqId, const PromptInfo&, int32_t) override {}
-    void on_finish(runtime::InferenceContext&, SeqId, std::span<const Token>,
-                   const PromptInfo&) override {}
-    void make_room(runtime::InferenceContext&, uint32_t) override {}
-    bool evict_for_space(runtime::InferenceContext&) override { return false; }
+    Plan plan(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+              int32_t max_chunk) override {
+        context.seq_clear(lane);
+        Plan p;
+        p.decision = CacheDecision::Off;
+        p.chunk_ends = plan_chunks(0, static_cast<int32_t>(prompt.tokens.size()), {}, max_chunk);
+        return p;
+    }
+    void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo&,
+                 std::span<const Token>, bool) override {
+        context.seq_clear(lane);
+    }
 };
 
 }  // namespace skippy::stage

@@ -3,102 +3,121 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "stage/kv_pages.h"
+#include "runtime/seq_state_format.h"
 
 namespace skippy::stage {
 
 using runtime::StateScope;
 
-namespace {
-
-// llama.cpp per-sequence state blobs start with this magic and the source sequence id;
-// the rest is the memory's own serialization. Payloads store the blob without this header
-// (it names the lane, which would defeat deduplication) and get it back on import.
-constexpr uint32_t kLlamaSeqStateMagic = 0xaf143cd8;
-constexpr size_t kLlamaSeqStateHeader = 8;
-
-void check_header(const std::vector<uint8_t>& blob) {
-    uint32_t magic = 0;
-    if (blob.size() < kLlamaSeqStateHeader) {
-        throw std::runtime_error("state export shorter than its header");
-    }
-    std::memcpy(&magic, blob.data(), sizeof magic);
-    if (magic != kLlamaSeqStateMagic) {
-        throw std::runtime_error("unsupported llama.cpp sequence state format (magic mismatch)");
-    }
-}
-
-}  // namespace
-
-EncodedPayload export_payload(const runtime::InferenceContext& context, runtime::SeqId lane,
-                              uint32_t n_tokens, const PayloadLayout& layout) {
-    EncodedPayload out;
-    std::vector<uint8_t> full = context.state_export(lane, StateScope::Full);
-    if (full.empty()) {
+CapturedState capture_state(const runtime::InferenceContext& context, runtime::SeqId lane,
+                            uint32_t n_tokens, const PayloadLayout& layout) {
+    CapturedState out;
+    out.n_tokens = n_tokens;
+    out.blob = context.state_export(lane, StateScope::Full);
+    if (out.blob.empty()) {
         throw std::runtime_error("state export returned no bytes");
     }
-    check_header(full);
-    const std::span<const uint8_t> raw =
-        std::span<const uint8_t>(full).subspan(kLlamaSeqStateHeader);
+    const size_t body = runtime::seq_state_body(out.blob).size();
+    if (layout.kind == cache::PayloadKind::KvPages && layout.has_recurrent) {
+        if (!layout.has_attention) {
+            out.recurrent_bytes = body;
+        } else {
+            // llama.cpp writes the attention part first, then the recurrent part, which is
+            // what a partial-only export holds. Only its size is needed here.
+            const size_t partial = context.state_size(lane, StateScope::PartialOnly);
+            if (partial <= runtime::kSeqStateHeaderBytes ||
+                partial - runtime::kSeqStateHeaderBytes > body) {
+                throw std::runtime_error("state layout not understood: recurrent section size");
+            }
+            out.recurrent_bytes = partial - runtime::kSeqStateHeaderBytes;
+        }
+    }
+    return out;
+}
+
+EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& layout) {
+    EncodedPayload out;
+    const std::span<const uint8_t> raw = runtime::seq_state_body(state.blob);
     auto& d = out.descriptor;
     d.kind = layout.kind;
     d.token_begin = 0;
-    d.token_end = n_tokens;
+    d.token_end = state.n_tokens;
     d.layer_begin = 0;
     d.layer_end = layout.n_layer;
     d.k_type = layout.k_type;
     d.v_type = layout.v_type;
-    if (layout.kind != cache::PayloadKind::KvRecurrent) {
+    if (layout.kind != cache::PayloadKind::KvPages) {
         out.bytes.assign(raw.begin(), raw.end());
         d.payload_bytes = out.bytes.size();
         return out;
     }
-    size_t recurrent_size = raw.size();
-    if (!layout.attention_free) {
-        const std::vector<uint8_t> partial = context.state_export(lane, StateScope::PartialOnly);
-        check_header(partial);
-        recurrent_size = partial.size() - kLlamaSeqStateHeader;
-        // llama.cpp writes the attention part first, then the recurrent part.
-        if (recurrent_size == 0 || recurrent_size > raw.size() ||
-            std::memcmp(raw.data() + (raw.size() - recurrent_size),
-                        partial.data() + kLlamaSeqStateHeader, recurrent_size) != 0) {
-            throw std::runtime_error("state layout not understood: recurrent section mismatch");
-        }
+    if (state.recurrent_bytes > raw.size()) {
+        throw std::runtime_error("state layout not understood: recurrent section too large");
     }
-    {
-        // The attention part is stored as token-range pages; the recurrent part as is.
-        EncodedKvPages pages = encode_kv_pages(raw.first(raw.size() - recurrent_size), n_tokens);
-        std::vector<uint8_t> bytes = std::move(pages.bytes);
-        d.kv_bytes = bytes.size();
-        d.recurrent_bytes = recurrent_size;
-        bytes.insert(bytes.end(), raw.end() - static_cast<ptrdiff_t>(recurrent_size), raw.end());
-        out.bytes = std::move(bytes);
-        d.payload_bytes = out.bytes.size();
-        out.cuts = std::move(pages.cuts);
+    runtime::EncodedKvPages pages =
+        runtime::encode_kv_pages(raw.first(raw.size() - state.recurrent_bytes), state.n_tokens);
+    out.bytes = std::move(pages.bytes);
+    d.kv_bytes = out.bytes.size();
+    d.recurrent_bytes = state.recurrent_bytes;
+    out.bytes.insert(out.bytes.end(), raw.end() - static_cast<ptrdiff_t>(state.recurrent_bytes),
+                     raw.end());
+    d.payload_bytes = out.bytes.size();
+    out.cuts = std::move(pages.cuts);
+    if (state.recurrent_bytes > 0) {
         out.cuts.push_back(d.kv_bytes);
     }
     return out;
 }
 
-std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
-                                                   const cache::PayloadDescriptor& descriptor,
-                                                   uint32_t expected_tokens,
-                                                   const PayloadLayout& layout, std::string* reason,
-                                                   PayloadPart part) {
-    auto fail = [&](const char* why) -> std::optional<std::vector<uint8_t>> {
+std::vector<size_t> payload_cuts(std::span<const uint8_t> bytes,
+                                 const cache::PayloadDescriptor& descriptor) {
+    std::vector<size_t> cuts;
+    if (descriptor.kind != cache::PayloadKind::KvPages || descriptor.kv_bytes > bytes.size()) {
+        return cuts;
+    }
+    const auto info = runtime::inspect_kv_pages(bytes.first(descriptor.kv_bytes), nullptr);
+    if (!info) {
+        return cuts;
+    }
+    if (info->mode == runtime::KvPagesMode::Paged) {
+        for (uint32_t page = 0; page < info->n_pages; ++page) {
+            cuts.push_back(info->header_bytes + static_cast<size_t>(page) * runtime::kKvPageTokens *
+                                                    info->bytes_per_token);
+        }
+    } else if (info->header_bytes < descriptor.kv_bytes) {
+        cuts.push_back(info->header_bytes);
+    }
+    if (descriptor.recurrent_bytes > 0) {
+        cuts.push_back(descriptor.kv_bytes);
+    }
+    std::erase_if(cuts, [&](size_t c) { return c == 0 || c >= bytes.size(); });
+    return cuts;
+}
+
+std::vector<uint8_t> captured_recurrent_blob(const CapturedState& state) {
+    std::vector<uint8_t> blob;
+    runtime::append_seq_state_header(blob);
+    blob.insert(blob.end(), state.blob.end() - static_cast<ptrdiff_t>(state.recurrent_bytes),
+                state.blob.end());
+    return blob;
+}
+
+bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
+                    uint32_t expected_tokens, const PayloadLayout& layout,
+                    std::vector<uint8_t>& out, std::string* reason, PayloadPart part) {
+    out.clear();
+    auto fail = [&](const std::string& why) {
         if (reason != nullptr) {
             *reason = why;
         }
-        return std::nullopt;
+        out.clear();
+        return false;
     };
     if (bytes.empty()) {
         return fail("empty payload");
     }
     if (auto why = descriptor.validate_against(bytes.size())) {
-        if (reason != nullptr) {
-            *reason = *why;
-        }
-        return std::nullopt;
+        return fail(*why);
     }
     if (descriptor.kind != layout.kind) {
         return fail("payload kind mismatch");
@@ -110,41 +129,37 @@ std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> byte
         descriptor.k_type != layout.k_type || descriptor.v_type != layout.v_type) {
         return fail("layer range or KV types mismatch");
     }
-    if (descriptor.kind == cache::PayloadKind::KvRecurrent &&
-        (descriptor.kv_bytes > bytes.size() ||
-         descriptor.recurrent_bytes != bytes.size() - descriptor.kv_bytes)) {
+    const bool paged = descriptor.kind == cache::PayloadKind::KvPages;
+    if (paged && (descriptor.kv_bytes > bytes.size() ||
+                  descriptor.recurrent_bytes != bytes.size() - descriptor.kv_bytes)) {
         return fail("section sizes mismatch");
     }
-    // The reader ignores the source sequence id (header and cells): it imports into the
-    // destination sequence given to it.
-    const uint32_t magic = kLlamaSeqStateMagic;
-    const int32_t source_seq = 0;
-    std::vector<uint8_t> blob(kLlamaSeqStateHeader);
-    std::memcpy(blob.data(), &magic, sizeof magic);
-    std::memcpy(blob.data() + sizeof magic, &source_seq, sizeof source_seq);
+    if (paged && (descriptor.recurrent_bytes > 0) != layout.has_recurrent) {
+        return fail("recurrent section does not match the model");
+    }
+    runtime::append_seq_state_header(out);
     if (part == PayloadPart::RecurrentOnly) {
-        if (descriptor.kind != cache::PayloadKind::KvRecurrent || descriptor.recurrent_bytes == 0) {
+        if (!paged || descriptor.recurrent_bytes == 0) {
             return fail("payload has no separate recurrent section");
         }
-        blob.insert(blob.end(), bytes.begin() + static_cast<ptrdiff_t>(descriptor.kv_bytes),
-                    bytes.end());
-        return blob;
+        out.insert(out.end(), bytes.begin() + static_cast<ptrdiff_t>(descriptor.kv_bytes),
+                   bytes.end());
+        return true;
     }
-    if (descriptor.kind != cache::PayloadKind::KvRecurrent) {
-        blob.insert(blob.end(), bytes.begin(), bytes.end());
-        return blob;
+    if (!paged) {
+        out.insert(out.end(), bytes.begin(), bytes.end());
+        return true;
     }
     const auto kv_bytes = static_cast<size_t>(descriptor.kv_bytes);
+    out.reserve(runtime::kSeqStateHeaderBytes + bytes.size() + size_t{16} * expected_tokens +
+                4 * size_t{layout.n_stream} + 256);
     std::string why;
-    blob.reserve(kLlamaSeqStateHeader + bytes.size() + size_t{16} * expected_tokens + 256);
-    if (!decode_kv_pages(bytes.first(kv_bytes), expected_tokens, source_seq, blob, &why)) {
-        if (reason != nullptr) {
-            *reason = why;
-        }
-        return std::nullopt;
+    if (!runtime::decode_kv_pages(bytes.first(kv_bytes), expected_tokens, /*cell_seq_id=*/0,
+                                  layout.n_stream, out, &why)) {
+        return fail(why);
     }
-    blob.insert(blob.end(), bytes.begin() + static_cast<ptrdiff_t>(kv_bytes), bytes.end());
-    return blob;
+    out.insert(out.end(), bytes.begin() + static_cast<ptrdiff_t>(kv_bytes), bytes.end());
+    return true;
 }
 
 }  // namespace skippy::stage

@@ -1,22 +1,27 @@
-// State payloads: how an exported sequence state is laid out for the exact-state cache.
+// State payloads: how a lane's exported state becomes an exact-state cache payload, in two
+// steps so that the scheduler thread only copies state out:
 //
-//   full-state:   the whole llama.cpp per-sequence blob (attention KV + recurrent state),
-//                 without its 8-byte magic/seq-id header.
-//   kv-recurrent: [attention KV pages][recurrent section]. The attention section of the
-//                 llama.cpp blob is re-laid out as token-range pages (stage/kv_pages.h:
-//                 format version, 64-token pages, raw fallback for layouts it does not
-//                 page, an empty header for pure recurrent models); the recurrent section
-//                 is the PARTIAL_ONLY export (the state exactly at the checkpoint), as is.
-//                 descriptor.kv_bytes is the paged section's size. Cuts fall after the
-//                 pages' header, after every page and between the sections, so a longer
-//                 prefix shares the page blocks of a shorter one in the block store.
+//   capture_state()   scheduler thread: the lane's llama.cpp sequence state, copied out
+//                     (importable as is into any lane: the "recent record" restore path).
+//   encode_payload()  record worker: the capture cut into a payload with block cuts.
+//   decode_payload()  restore path: a payload checked against its descriptor and turned
+//                     back into the bytes to import.
 //
-// decode_payload() checks the payload against its descriptor (and the pages against the
-// token range) and returns the bytes to import with StateScope::Full into any lane; any
-// inconsistency is an error that quarantines the entry.
+// Payload kinds (cache::PayloadKind):
+//   full-state: the whole per-sequence state blob without its llama.cpp header.
+//   kv-pages:   [attention KV pages][recurrent section]. The attention section is re-laid
+//               out as token-range pages (runtime/seq_state_format.h: a longer prefix shares
+//               the pages, so the blocks, of a shorter one; an empty header for pure
+//               recurrent models); the recurrent section (hybrid and recurrent models) is
+//               the state exactly at the checkpoint, as llama.cpp wrote it; dense models
+//               have none. descriptor.kv_bytes is the paged section's size. Cuts fall after
+//               the pages' header, after every page and between the sections.
+//
+// Any inconsistency found by decode_payload() is an error that quarantines the entry.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,38 +32,56 @@
 
 namespace skippy::stage {
 
+struct PayloadLayout {
+    cache::PayloadKind kind = cache::PayloadKind::KvPages;
+    int32_t n_layer = 0;
+    std::string k_type;
+    std::string v_type;
+    bool has_attention = true;   // false: pure recurrent model (no KV section)
+    bool has_recurrent = false;  // hybrid and recurrent models
+    uint32_t n_stream = 1;       // KV streams of the importing context (= its lanes)
+};
+
+// A lane's state as llama.cpp exported it, with where its recurrent section starts.
+struct CapturedState {
+    std::vector<uint8_t> blob;   // llama.cpp per-sequence blob, header included
+    size_t recurrent_bytes = 0;  // tail of the blob that is the recurrent state
+    uint32_t n_tokens = 0;
+};
+
+// Scheduler thread. Throws std::runtime_error if the export is empty or inconsistent.
+CapturedState capture_state(const runtime::InferenceContext& context, runtime::SeqId lane,
+                            uint32_t n_tokens, const PayloadLayout& layout);
+
 struct EncodedPayload {
     std::vector<uint8_t> bytes;
     cache::PayloadDescriptor descriptor;
     std::vector<size_t> cuts;  // block boundaries
 };
 
-struct PayloadLayout {
-    cache::PayloadKind kind = cache::PayloadKind::KvRecurrent;
-    int32_t n_layer = 0;
-    std::string k_type;
-    std::string v_type;
-    // Pure recurrent models: the whole state is the recurrent section (no attention KV),
-    // so the partial-only export that would find it is skipped.
-    bool attention_free = false;
-};
+// Any thread. Throws std::runtime_error when the captured layout is not understood.
+EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& layout);
 
-// Exports the lane's state holding `n_tokens` tokens. Throws std::runtime_error if the
-// export is empty or inconsistent.
-EncodedPayload export_payload(const runtime::InferenceContext& context, runtime::SeqId lane,
-                              uint32_t n_tokens, const PayloadLayout& layout);
-
-// Validates `bytes` against `descriptor` (kind, token range, section sizes) and returns
-// the llama.cpp blob to import; nullopt + reason when the payload is unusable.
 enum class PayloadPart {
     Full,           // the whole state: import with StateScope::Full
-    RecurrentOnly,  // kv-recurrent only: the recurrent section, import with PartialOnly
+    RecurrentOnly,  // kv-pages with a recurrent section: import with StateScope::PartialOnly
 };
 
-std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
-                                                   const cache::PayloadDescriptor& descriptor,
-                                                   uint32_t expected_tokens,
-                                                   const PayloadLayout& layout, std::string* reason,
-                                                   PayloadPart part = PayloadPart::Full);
+// Validates `bytes` against `descriptor` (kind, token range, section sizes) and writes the
+// llama.cpp blob to import into `out` (a buffer reused across restores); false + reason
+// when the payload is unusable.
+bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
+                    uint32_t expected_tokens, const PayloadLayout& layout,
+                    std::vector<uint8_t>& out, std::string* reason,
+                    PayloadPart part = PayloadPart::Full);
+
+// Block cuts of a stored payload (after the pages' header, after every page, between the
+// sections), recomputed from its bytes: a payload read back from disk dedupes in RAM like
+// a fresh one. Empty when the layout is not paged.
+std::vector<size_t> payload_cuts(std::span<const uint8_t> bytes,
+                                 const cache::PayloadDescriptor& descriptor);
+
+// The recurrent section of a captured state, as an importable PartialOnly blob.
+std::vector<uint8_t> captured_recurrent_blob(const CapturedState& state);
 
 }  // namespace skippy::stage

@@ -125,7 +125,7 @@ TEST_F(ExactStateCacheTest, InsertStatuses) {
     EXPECT_EQ(cache.insert(ns, tokens, PageId(8), full_state(49, 100), other).status,
               ExactInsertStatus::InvalidDescriptor);
     PayloadDescriptor kv = full_state(50, 100);
-    kv.kind = PayloadKind::KvRecurrent;
+    kv.kind = PayloadKind::KvPages;
     kv.kv_bytes = 60;
     kv.recurrent_bytes = 30;
     EXPECT_EQ(cache.insert(ns, tokens, PageId(8), kv, other).status,

@@ -157,7 +157,7 @@ TEST(RecordQueue, ExactRecordJobInsertsIntoCache) {
     p.tokens = tokens;
     p.page = page;
     p.bytes = test::random_bytes(rng, 1000);
-    p.descriptor.kind = PayloadKind::KvRecurrent;
+    p.descriptor.kind = PayloadKind::KvPages;
     p.descriptor.token_end = 256;
     p.descriptor.layer_end = 8;
     p.descriptor.kv_bytes = 800;

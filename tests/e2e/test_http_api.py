@@ -10,7 +10,7 @@ import skippy_harness as h
 class HttpApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = h.Server(h.model_path("llama"), "--lanes", "4", "--ctx-size", "2048")
+        cls.server = h.Server(h.model_path("llama"), "--lanes", "4", "--ctx-size", "8192")
 
     @classmethod
     def tearDownClass(cls):

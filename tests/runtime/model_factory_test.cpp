@@ -1,4 +1,4 @@
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/greedy_probe.h"
+#include "greedy_probe.h"
 
 namespace skippy::runtime {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/sampler.h"
 #include "test_models.h"
 

@@ -6,10 +6,11 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "cache/prefix_identity.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
 #include "server/scheduler.h"
 #include "stage/prefix_cache_stage.h"
 #include "test_models.h"
@@ -53,20 +54,28 @@ Output run(Scheduler& scheduler, const std::vector<runtime::Token>& prompt, int 
     }
 }
 
+// The scheduler hands a lane's records to the queue when it releases the lane (after the
+// reply): wait for that, then for the record worker.
+void wait_recorded(Scheduler& scheduler, stage::PrefixCacheStage& stage) {
+    for (int i = 0; i < 2000 && (scheduler.stats().lanes_busy > 0 || stage.lanes_pending() > 0);
+         ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    stage.record_queue()->wait_idle();
+}
+
 SchedulerOptions options() {
     SchedulerOptions o;
     o.lanes = 2;
     o.context.n_ctx = 1024;
     o.context.n_threads = 1;
     o.context.n_batch = 256;
-    o.recurrent_split_stride = 32;
     return o;
 }
 
 stage::CacheConfig cache_config() {
     stage::CacheConfig c;
     c.min_tokens = 16;
-    c.stride = 32;
     c.record_limit = 6;
     return c;
 }
@@ -86,9 +95,7 @@ class CacheIntegrationTest : public ::testing::TestWithParam<std::string> {
     }
 
     std::unique_ptr<Scheduler> cached(stage::PrefixCacheStage** stage_out) {
-        const auto payload = model_->kind() == runtime::ModelKind::Dense
-                                 ? stage::ActivePayload::FullState
-                                 : stage::ActivePayload::KvRecurrent;
+        const auto payload = cache::PayloadKind::KvPages;
         auto stage = std::make_unique<stage::PrefixCacheStage>(cache_config(), *model_,
                                                                options().context, payload);
         *stage_out = stage.get();
@@ -104,7 +111,7 @@ TEST_P(CacheIntegrationTest, WarmRunIsIdenticalAndRestoresMostOfThePrompt) {
     stage::PrefixCacheStage* stage = nullptr;
     auto scheduler = cached(&stage);
     EXPECT_EQ(run(*scheduler, prompt_, 8).tokens, reference_);
-    stage->record_queue()->wait_idle();
+    wait_recorded(*scheduler, *stage);
     const Output warm = run(*scheduler, prompt_, 8);
     EXPECT_EQ(warm.tokens, reference_);
     EXPECT_EQ(warm.stats.cache_decision, "exact_hit");
@@ -115,8 +122,9 @@ TEST_P(CacheIntegrationTest, CorruptedEntryIsQuarantinedAndOutputStaysExact) {
     stage::PrefixCacheStage* stage = nullptr;
     auto scheduler = cached(&stage);
     EXPECT_EQ(run(*scheduler, prompt_, 8).tokens, reference_);
-    stage->record_queue()->wait_idle();
+    wait_recorded(*scheduler, *stage);
 
+    stage->debug_forget_lanes();  // restore from the stored entry, not the lane
     auto* exact = stage->exact_cache();
     const auto ns = stage->namespace_for("");
     const std::span<const runtime::Token> query(prompt_.data(), prompt_.size() - 1);
@@ -155,7 +163,8 @@ TEST_P(CacheIntegrationTest, RandomByteFlipsAcrossEntriesNeverChangeOutputs) {
     for (const auto& p : prompts) {
         run(*scheduler, p, 6);
     }
-    stage->record_queue()->wait_idle();
+    wait_recorded(*scheduler, *stage);
+    stage->debug_forget_lanes();  // restore from the stored entry, not the lane
     auto* exact = stage->exact_cache();
     const auto ns = stage->namespace_for("");
     std::mt19937 rng(99);
@@ -174,7 +183,7 @@ TEST_P(CacheIntegrationTest, RandomByteFlipsAcrossEntriesNeverChangeOutputs) {
     for (size_t i = 0; i < prompts.size(); ++i) {
         EXPECT_EQ(run(*scheduler, prompts[i], 6).tokens, expected[i]) << "prompt " << i;
     }
-    stage->record_queue()->wait_idle();
+    wait_recorded(*scheduler, *stage);
     EXPECT_FALSE(exact->debug_check().has_value());
     EXPECT_GT(exact->stats().quarantined, 0u);
 }

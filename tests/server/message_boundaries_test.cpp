@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "nlohmann/json.hpp"
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "server/openai_request.h"
 #include "test_models.h"
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/sampler.h"
 
 namespace skippy::testing {

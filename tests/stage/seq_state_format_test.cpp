@@ -1,8 +1,8 @@
-// KV pages codec (stage/kv_pages.h) and its use in kv-recurrent payloads
+// KV pages codec (runtime/seq_state_format.h) and its use in kv-recurrent payloads
 // (stage/state_payload.h): byte-exact round trips on real llama.cpp states (hybrid qwen35
 // with transposed and non-transposed V, dense llama, pure recurrent mamba2), restore into
 // another lane, prefix sharing in the block store, fallbacks and decode errors.
-#include "stage/kv_pages.h"
+#include "runtime/seq_state_format.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@
 #include "cache/block_store.h"
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/sampler.h"
 #include "stage/state_payload.h"
 #include "test_models.h"
@@ -27,7 +27,13 @@ namespace skippy::stage {
 namespace {
 
 using runtime::ContextOptions;
+using runtime::decode_kv_pages;
+using runtime::encode_kv_pages;
+using runtime::EncodedKvPages;
 using runtime::InferenceContext;
+using runtime::inspect_kv_pages;
+using runtime::kKvPagesVersion;
+using runtime::KvPagesMode;
 using runtime::Model;
 using runtime::Pos;
 using runtime::SeqId;
@@ -59,13 +65,39 @@ int32_t prefill(InferenceContext& ctx, SeqId seq, const std::vector<Token>& toke
 
 using skippy::testing::continue_greedy;
 
-PayloadLayout layout_for(const Model& model, cache::PayloadKind kind) {
+PayloadLayout layout_for(const Model& model, cache::PayloadKind kind, uint32_t n_stream) {
     PayloadLayout layout;
     layout.kind = kind;
     layout.n_layer = model.n_layer();
     layout.k_type = "f16";
     layout.v_type = "f16";
+    layout.has_attention = model.kind() != runtime::ModelKind::Recurrent;
+    layout.has_recurrent = model.kind() != runtime::ModelKind::Dense;
+    layout.n_stream = n_stream;
     return layout;
+}
+
+// The two steps of a record, as one call.
+EncodedPayload export_payload(const InferenceContext& ctx, SeqId lane, uint32_t n,
+                              const PayloadLayout& layout) {
+    return encode_payload(capture_state(ctx, lane, n, layout), layout);
+}
+
+std::optional<std::vector<uint8_t>> decode_payload(std::span<const uint8_t> bytes,
+                                                   const cache::PayloadDescriptor& d, uint32_t n,
+                                                   const PayloadLayout& layout, std::string* reason,
+                                                   PayloadPart part = PayloadPart::Full) {
+    std::vector<uint8_t> out;
+    if (!stage::decode_payload(bytes, d, n, layout, out, reason, part)) {
+        return std::nullopt;
+    }
+    return out;
+}
+
+// decode_kv_pages into a context with one stream (the tests' reference layout).
+bool decode_kv_pages(std::span<const uint8_t> section, uint32_t n, int32_t seq,
+                     std::vector<uint8_t>& out, std::string* reason, uint32_t n_stream = 1) {
+    return runtime::decode_kv_pages(section, n, seq, n_stream, out, reason);
 }
 
 std::vector<uint8_t> with_seq(std::vector<uint8_t> blob, int32_t seq) {
@@ -83,10 +115,10 @@ class HybridKvPagesTest : public ::testing::TestWithParam<bool> {
         options.n_ctx = 512;
         options.n_seq_max = 3;
         options.n_threads = 1;
-        options.flash_attn = GetParam();
+        options.flash_attn = GetParam() ? runtime::FlashAttn::On : runtime::FlashAttn::Off;
         ctx_ = std::make_unique<InferenceContext>(*model_, options);
         tokens_ = prompt_tokens(*model_, 200);
-        layout_ = layout_for(*model_, cache::PayloadKind::KvRecurrent);
+        layout_ = layout_for(*model_, cache::PayloadKind::KvPages, ctx_->n_seq_max());
     }
     std::unique_ptr<Model> model_;
     std::unique_ptr<InferenceContext> ctx_;
@@ -106,7 +138,7 @@ TEST_P(HybridKvPagesTest, RoundTripReproducesTheLlamaBlob) {
         ASSERT_EQ(direct.mode, KvPagesMode::Paged) << direct.raw_reason;
         const EncodedPayload enc = export_payload(*ctx_, lane, 150, layout_);
         const auto& d = enc.descriptor;
-        EXPECT_EQ(d.kind, cache::PayloadKind::KvRecurrent);
+        EXPECT_EQ(d.kind, cache::PayloadKind::KvPages);
         EXPECT_EQ(d.token_end, 150u);
         EXPECT_EQ(d.recurrent_bytes, partial.size() - kSeqHeader);
         EXPECT_EQ(d.kv_bytes + d.recurrent_bytes, enc.bytes.size());
@@ -136,14 +168,15 @@ TEST_P(HybridKvPagesTest, RoundTripReproducesTheLlamaBlob) {
         if (lane == 0) {
             EXPECT_EQ(*blob, full);  // byte for byte, header included
         } else {
-            // The blob names lane 0; with the cells' seq id set back to the source lane the
-            // attention section is the exported one.
+            // One KV stream per lane: lane 1's export has its cells in the second of three
+            // streams; the decoded blob puts them first (the reader takes any stream's
+            // cells into the destination lane). Same pages either way.
             std::vector<uint8_t> attention;
             ASSERT_TRUE(decode_kv_pages(std::span(enc.bytes).first(d.kv_bytes), 150, lane,
-                                        attention, &reason))
+                                        attention, &reason, ctx_->n_seq_max()))
                 << reason;
-            EXPECT_EQ(attention, std::vector<uint8_t>(full.begin() + kSeqHeader,
-                                                      full.begin() + kSeqHeader + attn));
+            EXPECT_EQ(encode_kv_pages(attention, 150).bytes,
+                      encode_kv_pages(std::span(full).subspan(kSeqHeader, attn), 150).bytes);
             EXPECT_EQ(
                 std::vector<uint8_t>(blob->end() - (partial.size() - kSeqHeader), blob->end()),
                 std::vector<uint8_t>(partial.begin() + kSeqHeader, partial.end()));
@@ -286,16 +319,16 @@ TEST(DenseKvPagesTest, FullStateAttentionRoundTripAndRestore) {
     EXPECT_EQ(info->n_pages, 2u);
     EXPECT_EQ(pages.cuts.size(), 2u);  // after the header and after page 0
 
-    std::vector<uint8_t> decoded(full.begin(), full.begin() + kSeqHeader);
-    ASSERT_TRUE(decode_kv_pages(pages.bytes, n, 1, decoded, &reason)) << reason;
-    EXPECT_EQ(decoded, full);
+    std::vector<uint8_t> decoded;
+    ASSERT_TRUE(decode_kv_pages(pages.bytes, n, 1, decoded, &reason, ctx.n_seq_max())) << reason;
+    EXPECT_EQ(encode_kv_pages(decoded, n).bytes, pages.bytes);  // lane 1 is stream 1 of 3
 
     int32_t idx = prefill(ctx, 1, tokens, n, n + 1);
     const auto reference = continue_greedy(ctx, 1, static_cast<Pos>(n + 1), idx, 8);
     ctx.seq_clear(1);
     // Cells naming lane 0 in a blob imported into lane 2.
     std::vector<uint8_t> other(full.begin(), full.begin() + kSeqHeader);
-    ASSERT_TRUE(decode_kv_pages(pages.bytes, n, 0, other, &reason)) << reason;
+    ASSERT_TRUE(decode_kv_pages(pages.bytes, n, 0, other, &reason, ctx.n_seq_max())) << reason;
     ASSERT_TRUE(ctx.state_import(with_seq(other, 0), 2, StateScope::Full));
     EXPECT_EQ(ctx.seq_pos_max(2), static_cast<Pos>(n) - 1);
     idx = prefill(ctx, 2, tokens, n, n + 1);
@@ -313,7 +346,7 @@ TEST(RecurrentKvPagesTest, EmptyAttentionSection) {
     InferenceContext ctx(*model, options);
     const auto tokens = prompt_tokens(*model, 70);
     prefill(ctx, 0, tokens, 0, 70);
-    const auto layout = layout_for(*model, cache::PayloadKind::KvRecurrent);
+    const auto layout = layout_for(*model, cache::PayloadKind::KvPages, ctx.n_seq_max());
     const EncodedPayload enc = export_payload(ctx, 0, 70, layout);
     std::string reason;
     const auto info =
@@ -344,6 +377,7 @@ struct SynthSpec {
     uint32_t n_embd_v = 3;
     int32_t seq = 1;
     uint32_t n_stream = 1;
+    bool both_streams = false;  // cells in the first stream too (not a one-sequence export)
     bool ext = false;
 };
 
@@ -360,8 +394,8 @@ std::vector<uint8_t> synth_section(const SynthSpec& s) {
         std::iota(order.begin(), order.end(), 0u);
     }
     // Streams before the last are empty (a per-sequence export of a non-unified cache).
-    put(s.n_stream);
-    for (uint32_t stream = 0; stream + 1 < s.n_stream; ++stream) {
+    put(s.both_streams ? uint32_t{1} : s.n_stream);
+    for (uint32_t stream = 0; !s.both_streams && stream + 1 < s.n_stream; ++stream) {
         put(uint32_t{0});
     }
     put(s.n_cells);
@@ -407,6 +441,13 @@ std::vector<uint8_t> synth_section(const SynthSpec& s) {
                 }
             }
         }
+    }
+    if (s.both_streams) {  // the same cells in both streams
+        std::vector<uint8_t> one(out.begin() + 4, out.end());
+        out.clear();
+        put(uint32_t{2});
+        out.insert(out.end(), one.begin(), one.end());
+        out.insert(out.end(), one.begin(), one.end());
     }
     return out;
 }
@@ -477,8 +518,9 @@ TEST(SyntheticKvPagesTest, PagesOfAShorterPrefixAreAPrefixOfTheLongerOnes) {
 }
 
 TEST(SyntheticKvPagesTest, UnsupportedLayoutsAreStoredRaw) {
-    SynthSpec two_streams;
+    SynthSpec two_streams;  // cells in both of two streams
     two_streams.n_stream = 2;
+    two_streams.both_streams = true;
     SynthSpec mixed;  // one cell of another sequence (not a single-sequence export)
     mixed.seq = -1;
     SynthSpec swa;  // positions 5..14: older cells SWA-masked
@@ -536,7 +578,7 @@ TEST(SyntheticKvPagesTest, InconsistentSectionsAreDecodeErrors) {
     check(patched(4, uint8_t{kKvPagesVersion + 1}), 100, "format version");
     check(patched(5, uint8_t{9}), 100, "unknown mode");
     check(patched(6, uint16_t{32}), 100, "page size");
-    check(patched(8, llama_state_format_fingerprint() + 1), 100, "llama.cpp state format");
+    check(patched(8, runtime::llama_state_format_fingerprint() + 1), 100, "llama.cpp state format");
     check(good, 99, "expected 99");                        // descriptor token range
     check(patched(16, uint32_t{120}), 100, "page bytes");  // n_tokens, still 2 pages
     check(patched(16, uint32_t{200}), 100, "pages for");   // n_tokens, 4 pages

@@ -1,3 +1,5 @@
+// Sequence state format: llama.cpp's per-sequence state blob, parsed and written only here.
+//
 // KV pages: the attention section of a kv-recurrent payload, re-laid out by token range so
 // that a longer prefix shares the pages (and so the blocks in the BlockStore) of a shorter
 // one.
@@ -5,14 +7,14 @@
 //   EncodedKvPages pages = encode_kv_pages(attention, n_tokens);   // may throw
 //   store.insert(pages.bytes, pages.cuts);                          // page-aligned cuts
 //   std::vector<uint8_t> out;
-//   if (!decode_kv_pages(pages.bytes, n_tokens, /*cell_seq_id=*/0, out, &reason)) ...;
+//   if (!decode_kv_pages(pages.bytes, n_tokens, /*cell_seq_id=*/0, n_stream, out, &reason)) ...;
 //
 // Input: what llama_kv_cache::state_write() writes for ONE sequence (the per-sequence blob
 // after its 8-byte magic/seq-id header, up to where the recurrent part of a hybrid memory
 // starts):
 //
-//   u32 n_stream
-//   per stream: u32 cell_count; if cell_count > 0:
+//   u32 n_stream           (1 with a unified KV cache; one stream per sequence otherwise)
+//   per stream: u32 cell_count; if cell_count > 0 (exactly one stream for one sequence):
 //     per cell:  i32 pos, u32 n_seq_id, [llama_kv_cell_ext {i32 x, y, tok} if the cache has
 //                one: M-RoPE models such as qwen35, PLE], i32 seq_id...
 //     u32 v_trans, u32 n_layer
@@ -28,7 +30,7 @@
 //            u64 llama.cpp state format fingerprint (XXH3 of runtime::runtime_version()).
 //   Empty:   nothing else (the memory wrote no attention state, e.g. mamba2).
 //   Raw:     u64 size, then the llama.cpp attention section unchanged (layouts the codec
-//            does not page: several streams, SWA-masked or non-0..n-1 positions, cells of
+//            does not page: cells in several streams, SWA-masked or non-0..n-1 positions, cells of
 //            several sequences, a cell layout that parses both with and without ext).
 //   Paged:   u32 n_tokens, u32 n_pages, u32 v_trans, u32 n_k, u32 n_v, u32 cell ext bytes
 //            (0 or 12),
@@ -51,8 +53,8 @@
 // accepts for a single destination sequence: one stream, the cells in pos order, each with
 // n_seq_id = 1 (the reader requires it), its ext, and seq id `cell_seq_id` (the reader
 // discards it and uses its destination).
-// For a sequence exported from lane L with its cells in pos order, decoding with
-// cell_seq_id = L reproduces the exported bytes exactly.
+// For a sequence exported from lane 0 (its stream comes first) with its cells in pos order,
+// decoding with cell_seq_id = 0 reproduces the exported bytes exactly.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +64,7 @@
 #include <string>
 #include <vector>
 
-namespace skippy::stage {
+namespace skippy::runtime {
 
 inline constexpr uint32_t kKvPagesMagic = 0x50564b53;  // "SKVP"
 inline constexpr uint8_t kKvPagesVersion = 1;
@@ -81,7 +83,10 @@ struct EncodedKvPages {
 // Encodes the attention section of a sequence holding `n_tokens` tokens. Unsupported
 // layouts are stored Raw (see above). Throws std::runtime_error when the section is a
 // supported layout but does not hold exactly positions 0..n_tokens-1.
-EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens);
+// `held_tokens` (0 = n_tokens): the section holds positions 0..held_tokens-1 and only the
+// first `n_tokens` of them are paged (a prefix of a lane, recorded from one export).
+EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens,
+                               uint32_t held_tokens = 0);
 
 struct KvPagesInfo {
     KvPagesMode mode = KvPagesMode::Empty;
@@ -105,10 +110,23 @@ std::optional<KvPagesInfo> inspect_kv_pages(std::span<const uint8_t> section, st
 // the section is inconsistent: truncated or trailing bytes, wrong magic/version/page size,
 // another llama.cpp state format, token count different from `expected_tokens`, page count
 // or sizes not adding up.
+// `n_stream`: the destination context's KV stream count (its sequence count without a
+// unified KV cache); the pages do not depend on it, so a payload moves between contexts
+// with different lane counts.
 bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
-                     int32_t cell_seq_id, std::vector<uint8_t>& out, std::string* reason);
+                     int32_t cell_seq_id, uint32_t n_stream, std::vector<uint8_t>& out,
+                     std::string* reason);
 
 // Fingerprint of the llama.cpp state format this build reads and writes.
 uint64_t llama_state_format_fingerprint();
 
-}  // namespace skippy::stage
+// llama.cpp per-sequence state blobs (llama_state_seq_get_data_ext) start with an 8-byte
+// header: u32 magic, i32 source sequence id. Payloads store the blob without it (it names
+// the lane, which would defeat deduplication) and get it back on import.
+inline constexpr size_t kSeqStateHeaderBytes = 8;
+// The blob without its header; throws std::runtime_error when it is not a sequence state.
+std::span<const uint8_t> seq_state_body(std::span<const uint8_t> blob);
+// Appends a header for an import (the reader ignores the source sequence id).
+void append_seq_state_header(std::vector<uint8_t>& out);
+
+}  // namespace skippy::runtime

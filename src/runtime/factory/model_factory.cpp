@@ -1,4 +1,4 @@
-#include "runtime/model_factory.h"
+#include "runtime/factory/model_factory.h"
 
 #include <cmath>
 #include <cstdio>
@@ -13,7 +13,6 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
-#include "runtime/greedy_probe.h"
 #include "runtime/model.h"
 
 namespace skippy::runtime {
@@ -472,8 +471,7 @@ void make_random_model(const ModelSpec& spec_in, const std::string& out_path) {
     }
     const std::string vocab_path = vocab_gguf_path(spec.vocab);
 
-    ensure_backend_initialized();  // before the silencer, so it restores our logger
-    ScopedLlamaLogSilencer quiet;
+    ensure_backend_initialized();  // routes llama.cpp logging (silent unless SKIPPY_LLAMA_LOG=1)
 
     // 1. Metadata: hyperparameters + the real tokenizer.
     GgufPtr vocab = open_gguf(vocab_path, nullptr);

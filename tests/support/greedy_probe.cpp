@@ -1,4 +1,4 @@
-#include "runtime/greedy_probe.h"
+#include "greedy_probe.h"
 
 #include <algorithm>
 #include <cmath>

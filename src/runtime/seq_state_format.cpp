@@ -1,13 +1,14 @@
-#include "stage/kv_pages.h"
+#include "runtime/seq_state_format.h"
+
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
-#include "cache/block_store.h"
 #include "runtime/runtime_version.h"
 
-namespace skippy::stage {
+namespace skippy::runtime {
 
 namespace {
 
@@ -88,23 +89,51 @@ struct ParsedKv {
 // one the codec pages (the caller stores it raw).
 std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, uint32_t ext_bytes,
                                        std::string& why) {
+    // One stream per sequence (non-unified KV): a single sequence's export writes every
+    // stream's cell count, and the cells of exactly one stream. The data of that stream is
+    // parsed on its own; the zero counts of the streams after it are checked and dropped.
+    uint32_t n_stream = 0;
+    size_t stream_begin = 0;
+    {
+        Reader head(section);
+        if (!head.read(n_stream) || n_stream == 0 || n_stream > 4096) {
+            why = "truncated or invalid stream count";
+            return std::nullopt;
+        }
+        uint32_t s = 0;
+        uint32_t count = 0;
+        for (; s < n_stream; ++s) {
+            if (!head.read(count)) {
+                why = "truncated cell count";
+                return std::nullopt;
+            }
+            if (count != 0) {
+                break;
+            }
+        }
+        if (s == n_stream) {
+            why = "no cells";
+            return std::nullopt;
+        }
+        const size_t tail = static_cast<size_t>(n_stream - s - 1) * sizeof(uint32_t);
+        const size_t begin = head.offset() - sizeof(uint32_t);
+        if (section.size() < begin + tail) {
+            why = "stream counts do not fit";
+            return std::nullopt;
+        }
+        for (size_t i = section.size() - tail; i < section.size(); ++i) {
+            if (section[i] != 0) {
+                why = "cells in more than one stream";
+                return std::nullopt;
+            }
+        }
+        section = section.subspan(begin, section.size() - tail - begin);
+        stream_begin = begin;
+    }
     Reader r(section);
     ParsedKv kv;
-    uint32_t n_stream = 0;
-    if (!r.read(n_stream)) {
-        why = "truncated stream count";
-        return std::nullopt;
-    }
-    if (n_stream != 1) {
-        why = "KV cache has " + std::to_string(n_stream) + " streams (only 1 is paged)";
-        return std::nullopt;
-    }
-    if (!r.read(kv.n_cells)) {
+    if (!r.read(kv.n_cells) || kv.n_cells == 0) {
         why = "truncated cell count";
-        return std::nullopt;
-    }
-    if (kv.n_cells == 0) {
-        why = "no cells";
         return std::nullopt;
     }
     kv.ext_bytes = ext_bytes;
@@ -186,6 +215,14 @@ std::optional<ParsedKv> parse_llama_kv(std::span<const uint8_t> section, uint32_
             return std::nullopt;
         }
         kv.v.push_back(e);
+    }
+    // Offsets relative to the whole attention section.
+    kv.meta_src += stream_begin;
+    for (Entry& e : kv.k) {
+        e.src += stream_begin;
+    }
+    for (Entry& e : kv.v) {
+        e.src += stream_begin;
     }
     return kv;
 }
@@ -404,12 +441,13 @@ const char* to_string(KvPagesMode mode) {
 uint64_t llama_state_format_fingerprint() {
     static const uint64_t fp = [] {
         const std::string v = runtime::runtime_version();
-        return cache::xxh3_128({reinterpret_cast<const uint8_t*>(v.data()), v.size()}).low;
+        return static_cast<uint64_t>(XXH3_128bits(v.data(), v.size()).low64);
     }();
     return fp;
 }
 
-EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens) {
+EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens,
+                               uint32_t held_tokens) {
     EncodedKvPages out;
     Writer w(out.bytes);
     if (attention.empty()) {
@@ -417,10 +455,17 @@ EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_to
         put_fixed_header(w, out.mode);
         return out;
     }
+    if (held_tokens == 0) {
+        held_tokens = n_tokens;
+    }
     std::optional<ParsedKv> kv = parse_llama_kv(attention, out.raw_reason);
-    if (kv && kv->n_cells != n_tokens) {
+    if (kv && (kv->n_cells != held_tokens || n_tokens > held_tokens || n_tokens == 0)) {
         throw std::runtime_error("KV state holds " + std::to_string(kv->n_cells) +
-                                 " tokens, expected " + std::to_string(n_tokens));
+                                 " tokens, expected " + std::to_string(held_tokens) + " to page " +
+                                 std::to_string(n_tokens));
+    }
+    if (!kv && held_tokens != n_tokens) {
+        throw std::runtime_error("cannot page a prefix of an unpaged KV layout: " + out.raw_reason);
     }
     if (!kv) {
         out.mode = KvPagesMode::Raw;
@@ -496,7 +541,8 @@ std::optional<KvPagesInfo> inspect_kv_pages(std::span<const uint8_t> section, st
 }
 
 bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
-                     int32_t cell_seq_id, std::vector<uint8_t>& out, std::string* reason) {
+                     int32_t cell_seq_id, uint32_t n_stream, std::vector<uint8_t>& out,
+                     std::string* reason) {
     std::string why;
     auto fail = [&](std::string msg) {
         if (reason != nullptr) {
@@ -528,6 +574,9 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
     const size_t ext = info.cell_ext_bytes;
     const size_t meta_at = base + 2 * sizeof(uint32_t);  // first cell's metadata
     const size_t meta_stride = kCellMetaBytes + ext;
+    if (n_stream == 0) {
+        return fail("kv pages: destination has no KV stream");
+    }
     size_t size =
         2 * sizeof(uint32_t) + static_cast<size_t>(n) * meta_stride + 2 * sizeof(uint32_t);
     std::vector<size_t> k_at;  // offset (in out) of each K layer's first row
@@ -549,8 +598,8 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
         std::memcpy(o, &value, sizeof value);
         o += sizeof value;
     };
-    put(uint32_t{1});  // n_stream
-    put(n);            // cell_count
+    put(n_stream);  // the destination's stream count; the cells go to the first stream
+    put(n);         // cell_count (the reader puts them in the destination sequence's stream)
     for (uint32_t p = 0; p < n; ++p) {
         put(static_cast<int32_t>(p));
         put(uint32_t{1});
@@ -606,7 +655,32 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
         out.resize(base);
         return fail("kv pages: internal size mismatch");
     }
+    out.insert(out.end(), static_cast<size_t>(n_stream - 1) * sizeof(uint32_t), 0);  // empty
     return true;
 }
 
-}  // namespace skippy::stage
+namespace {
+constexpr uint32_t kLlamaSeqStateMagic = 0xaf143cd8;
+}  // namespace
+
+std::span<const uint8_t> seq_state_body(std::span<const uint8_t> blob) {
+    uint32_t magic = 0;
+    if (blob.size() < kSeqStateHeaderBytes) {
+        throw std::runtime_error("state export shorter than its header");
+    }
+    std::memcpy(&magic, blob.data(), sizeof magic);
+    if (magic != kLlamaSeqStateMagic) {
+        throw std::runtime_error("unsupported llama.cpp sequence state format (magic mismatch)");
+    }
+    return blob.subspan(kSeqStateHeaderBytes);
+}
+
+void append_seq_state_header(std::vector<uint8_t>& out) {
+    const int32_t source_seq = 0;
+    const auto* m = reinterpret_cast<const uint8_t*>(&kLlamaSeqStateMagic);
+    const auto* q = reinterpret_cast<const uint8_t*>(&source_seq);
+    out.insert(out.end(), m, m + sizeof kLlamaSeqStateMagic);
+    out.insert(out.end(), q, q + sizeof source_seq);
+}
+
+}  // namespace skippy::runtime
