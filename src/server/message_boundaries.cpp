@@ -97,6 +97,14 @@ size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<run
 
 }  // namespace
 
+std::string render_chat(const runtime::ChatTemplate& chat_template,
+                        const std::vector<runtime::ChatMessage>& messages,
+                        bool add_generation_prompt) {
+    static std::mutex render_mutex;
+    std::lock_guard<std::mutex> lock(render_mutex);
+    return chat_template.render(messages, add_generation_prompt);
+}
+
 cache::Digest extend_message_key(const cache::Digest& key, const runtime::ChatMessage& message) {
     cache::Sha256 h;
     h.update(key.bytes.data(), key.bytes.size());
@@ -211,7 +219,7 @@ void MessageBoundaryFinder::prepare(const cache::Digest& key,
     }
     std::string text;
     try {
-        text = chat_template_.render(messages, add_generation_prompt);
+        text = render_chat(chat_template_, messages, add_generation_prompt);
     } catch (const std::exception&) {
         return;
     }
@@ -291,7 +299,7 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
         } else {
             const std::vector<runtime::ChatMessage> part(
                 messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(head.k));
-            const std::string text = chat_template_.render(part, head.generation_prompt);
+            const std::string text = render_chat(chat_template_, part, head.generation_prompt);
             if (text_map.valid() && prompt.compare(0, text.size(), text) == 0) {
                 boundary = text_map.tokens_before(text.size());
             } else {

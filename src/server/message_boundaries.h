@@ -42,6 +42,13 @@
 
 namespace skippy::server {
 
+// ChatTemplate::render through one process-wide lock. llama.cpp's chat rendering calls
+// std::localtime (one static buffer) on every render, so concurrent renders race (found by
+// ThreadSanitizer): every render of the server layer goes through here.
+std::string render_chat(const runtime::ChatTemplate& chat_template,
+                        const std::vector<runtime::ChatMessage>& messages,
+                        bool add_generation_prompt);
+
 // Identity of messages[0, k) for k = 0..n (keys[0] is the empty conversation).
 using MessageKeys = std::vector<cache::Digest>;
 MessageKeys message_keys(const std::vector<runtime::ChatMessage>& messages);

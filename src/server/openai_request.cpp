@@ -432,7 +432,7 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         throw invalid_request("'messages' is required", "messages");
     }
     const auto messages = parse_messages(*messages_json);
-    const std::string prompt = chat_template_.render(messages, true);
+    const std::string prompt = render_chat(chat_template_, messages, true);
     check_text_fits(prompt.size(), "messages");
     auto& gen = out.generation;
     gen.prompt = model_.tokenize(prompt, true, true);
@@ -448,7 +448,7 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     gen.render_turn_end = [this, history, key = keys.back()](const std::string& reply) {
         std::vector<runtime::ChatMessage> with_reply = *history;
         with_reply.push_back(runtime::ChatMessage{"assistant", reply});
-        const std::string text = chat_template_.render(with_reply, false);
+        const std::string text = render_chat(chat_template_, with_reply, false);
         boundaries_.remember(extend_message_key(key, with_reply.back()), false, text);
         return model_.tokenize(text, true, true);
     };
