@@ -324,6 +324,10 @@ void Scheduler::release_slot(Slot& slot, size_t canonical, bool turn_end) {
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: record at release failed: %s\n", e.what());
     }
+    free_slot(slot);
+}
+
+void Scheduler::free_slot(Slot& slot) {
     slot.active = false;
     slot.post_turn = false;
     slot.sampler.reset();
@@ -340,13 +344,7 @@ void Scheduler::fail_slot(Slot& slot, int status, const std::string& type,
     }
     failed_.fetch_add(1);
     stage_->discard(*context_, slot.lane);
-    slot.active = false;
-    slot.post_turn = false;
-    slot.sampler.reset();
-    slot.stream.reset();
-    slot.output.reset();
-    slot.turn.clear();
-    lanes_busy_.fetch_sub(1);
+    free_slot(slot);
 }
 
 void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
@@ -454,11 +452,7 @@ void Scheduler::step() {
         if (slot->active && !slot->post_turn && slot->stream->cancelled()) {
             cancelled_.fetch_add(1);
             stage_->discard(*context_, slot->lane);
-            slot->stream.reset();
-            slot->active = false;
-            slot->sampler.reset();
-            slot->output.reset();
-            lanes_busy_.fetch_sub(1);
+            free_slot(*slot);
         }
     }
     decode_steps();

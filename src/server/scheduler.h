@@ -103,6 +103,7 @@ class Scheduler {
     void release_slot(Slot& slot, size_t canonical, bool turn_end);
     void finish_slot(Slot& slot, const std::string& finish_reason);
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
+    void free_slot(Slot& slot);  // the slot's bookkeeping; the lane's state is the stage's
     void sample_slot(Slot& slot, int32_t batch_index);
     bool start_turn_end(Slot& slot);
     // True when `prompt` continues a conversation whose lane is still recording its turn.

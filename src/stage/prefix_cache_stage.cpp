@@ -166,8 +166,15 @@ bool PrefixCacheStage::wants_turn_end(const PromptInfo& prompt) const {
 }
 
 void PrefixCacheStage::debug_forget_lanes() {
-    for (auto& lane : lanes_) {
-        lane = LaneState{};
+    forget_lanes_.store(true, std::memory_order_release);  // applied on the scheduler thread
+}
+
+void PrefixCacheStage::apply_forget_lanes() {
+    if (forget_lanes_.exchange(false, std::memory_order_acq_rel)) {
+        for (auto& lane : lanes_) {
+            lane = LaneState{};
+        }
+        update_lane_gauge();
     }
 }
 
@@ -197,6 +204,7 @@ int32_t PrefixCacheStage::lane_match(const LaneState& lane, const cache::Namespa
 }
 
 SeqId PrefixCacheStage::choose_lane(std::span<const SeqId> idle, const PromptInfo& prompt) {
+    apply_forget_lanes();
     const bool lookup = lookups_enabled(prompt);
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     SeqId best = idle.front();
@@ -575,7 +583,8 @@ void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane
     update_lane_gauge();
 }
 
-bool PrefixCacheStage::has_idle_work() const {
+bool PrefixCacheStage::has_idle_work() {
+    apply_forget_lanes();
     return std::any_of(lanes_.begin(), lanes_.end(),
                        [](const LaneState& s) { return !s.pending.empty(); });
 }

@@ -67,7 +67,7 @@ class PrefixCacheStage final : public StageBackend {
     void discard(runtime::InferenceContext& context, SeqId lane) override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
     void prefetch(const PromptInfo& prompt) override;
-    bool has_idle_work() const override;
+    bool has_idle_work() override;
     void idle(runtime::InferenceContext& context) override;
     // Lanes whose records still wait for their export (any thread; tests wait for 0).
     size_t lanes_pending() const { return lanes_pending_.load(std::memory_order_acquire); }
@@ -83,7 +83,8 @@ class PrefixCacheStage final : public StageBackend {
     const std::string& disk_note() const { return disk_note_; }
     cache::RecordQueue* record_queue() { return queue_.get(); }
     cache::NamespaceId namespace_for(const std::string& key) const;
-    // Forgets what the lanes hold (so the next restore comes from the stored entries).
+    // Forgets what the lanes hold (so the next restore comes from the stored entries). Any
+    // thread: the scheduler thread applies it before it next picks a lane.
     void debug_forget_lanes();
 
   private:
@@ -119,6 +120,7 @@ class PrefixCacheStage final : public StageBackend {
     bool import_entry(runtime::InferenceContext& context, SeqId lane, const cache::ExactHit& hit,
                       bool recurrent_only, std::string& reason, LookupEvent& event);
     void update_lane_gauge();
+    void apply_forget_lanes();
     void flush_lane(runtime::InferenceContext& context, SeqId lane);
     void trim_checkpoints(LaneState& state) const;
     void submit_records(runtime::InferenceContext& context, SeqId lane, LaneState& state,
@@ -147,6 +149,7 @@ class PrefixCacheStage final : public StageBackend {
     uint64_t queue_budget_bytes_ = 0;
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
     std::atomic<size_t> lanes_pending_{0};
+    std::atomic<bool> forget_lanes_{false};
 };
 
 }  // namespace skippy::stage

@@ -81,7 +81,7 @@ class StageBackend {
     // on the scheduler thread).
     virtual void prefetch(const PromptInfo& /*prompt*/) {}
     // Deferred work (records) the stage would like to do while no request is running.
-    virtual bool has_idle_work() const { return false; }
+    virtual bool has_idle_work() { return false; }
     virtual void idle(runtime::InferenceContext& /*context*/) {}
     // Whether end-of-turn work is worth doing for this request.
     virtual bool wants_turn_end(const PromptInfo& /*prompt*/) const { return false; }
