@@ -1,7 +1,9 @@
 // DiskStore's writer thread: the start-up sweep, durable writes, eviction to make room and
 // file deletion. It is the only thread that creates or deletes files after open(), so
 // block files cannot change under a write's plan; mu_ is taken for table updates only.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +69,8 @@ int DiskStore::block_dir(unsigned index, int* err) {
 }
 
 void DiskStore::writer_loop() {
+    // Like the record worker: background work runs below the request path's priority.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     std::unique_lock lock(mu_);
     for (;;) {
         work_cv_.wait(lock, [&] {
