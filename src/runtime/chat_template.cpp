@@ -63,6 +63,30 @@ std::string without_leading_content(const std::string& grammar) {
     return out;
 }
 
+// parallel_tool_calls = false: the common chat layer's grammars still repeat the tool-call
+// section ("tool-calls ::= (tool-call space)+"); one repetition is what was asked for.
+std::string single_call(const std::string& grammar) {
+    static const std::regex repeated(R"(^tool-calls ::= \((.*)\)\+$)");
+    std::string out;
+    size_t begin = 0;
+    while (begin < grammar.size()) {
+        size_t end = grammar.find('\n', begin);
+        const bool newline = end != std::string::npos;
+        end = newline ? end : grammar.size();
+        std::string line = grammar.substr(begin, end - begin);
+        std::smatch m;
+        if (std::regex_match(line, m, repeated)) {
+            line = "tool-calls ::= " + m[1].str();
+        }
+        out += line;
+        if (newline) {
+            out += '\n';
+        }
+        begin = end + 1;
+    }
+    return out;
+}
+
 std::vector<Token> single_token(const llama_vocab* vocab, const std::string& text) {
     return common_tokenize(vocab, text, false, true);
 }
@@ -190,6 +214,9 @@ ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages,
     out.grammar_lazy = constrained.grammar_lazy;
     if (!out.grammar.empty() && inputs.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED) {
         out.grammar = without_leading_content(out.grammar);
+    }
+    if (!out.grammar.empty() && !inputs.tools.empty() && !constraints.parallel_tool_calls) {
+        out.grammar = single_call(out.grammar);
     }
     for (const auto& trigger : constrained.grammar_triggers) {
         switch (trigger.type) {

@@ -22,6 +22,15 @@ MODEL_SPECS = {
     "qwen35": ["--arch", "qwen35", "--layers", "4", "--embd", "128", "--heads", "4", "--ffn", "256"],
     "mamba2": ["--arch", "mamba2", "--layers", "2", "--embd", "128"],
 }
+# Tool-capable models: the Qwen2.5 chat template (tools, <tool_call> JSON calls) and the
+# Qwen2.5/Qwen3 tokenizer, whose <tool_call> / </tool_call> are single tokens.
+TOOL_MODEL_ARGS = ["--vocab", "qwen3", "--chat-template", "Qwen-Qwen2.5-7B-Instruct", "--f16"]
+MODEL_SPECS.update({
+    "llama-tools": ["--arch", "llama", "--layers", "2", "--embd", "128", "--heads", "4",
+                    "--ffn", "256"] + TOOL_MODEL_ARGS,
+    "qwen35-tools": ["--arch", "qwen35", "--layers", "4", "--embd", "128", "--heads", "4",
+                     "--ffn", "256"] + TOOL_MODEL_ARGS,
+})
 
 
 def model_path(kind):
