@@ -1,5 +1,7 @@
 #include "runtime/chat_template.h"
 
+#include <cstdlib>
+#include <mutex>
 #include <regex>
 #include <stdexcept>
 
@@ -7,6 +9,7 @@
 #include "common.h"
 #include "json-schema-to-grammar.h"
 #include "llama.h"
+#include "log.h"
 #include "runtime/model.h"
 
 namespace skippy::runtime {
@@ -135,6 +138,15 @@ struct ChatTemplate::Impl {
 
 ChatTemplate::ChatTemplate(const Model& model, const std::string& template_override)
     : impl_(std::make_unique<Impl>()) {
+    // llama.cpp common/ logs on its own logger (warnings about model output that does not
+    // parse, ...): errors only, unless SKIPPY_LLAMA_LOG=1.
+    static std::once_flag quiet;
+    std::call_once(quiet, [] {
+        const char* env = std::getenv("SKIPPY_LLAMA_LOG");
+        if (env == nullptr || std::string(env) != "1") {
+            common_log_set_verbosity_thold(LOG_LEVEL_ERROR);
+        }
+    });
     impl_->model = &model;
     impl_->templates = common_chat_templates_init(model.raw(), template_override);
     if (!impl_->templates) {

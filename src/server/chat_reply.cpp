@@ -1,5 +1,7 @@
 #include "server/chat_reply.h"
 
+#include "server/text_output.h"
+
 namespace skippy::server {
 
 namespace {
@@ -23,10 +25,10 @@ runtime::ChatReply parse_reply(const runtime::ChatOutputParser* parser, const st
                                const std::string& tool_call_id_base) {
     runtime::ChatReply reply;
     if (parser == nullptr) {
-        reply.content = text;
+        reply.content = as_sent_utf8(text);
         return reply;
     }
-    reply = parser->parse(text, false);
+    reply = parser->parse(as_sent_utf8(text), false);
     for (size_t i = 0; i < reply.tool_calls.size(); ++i) {
         reply.tool_calls[i].id = tool_call_id(tool_call_id_base, i);
     }
@@ -51,7 +53,7 @@ std::vector<ReplyDelta> ReplyAccumulator::update(bool partial) {
     if (parser_ == nullptr) {
         reply_.content = text_;
     } else {
-        reply_ = parser_->parse(text_, partial);
+        reply_ = parser_->parse(as_sent_utf8(text_), partial);
         for (size_t i = 0; i < reply_.tool_calls.size(); ++i) {
             reply_.tool_calls[i].id = tool_call_id(id_base_, i);
         }

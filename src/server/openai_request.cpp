@@ -326,7 +326,12 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
                 gen.stop.push_back(std::move(stop));
             }
         }
-        out.chat_parser = std::move(p.parser);
+        // Output that needs parsing: tool calls, a response format (a fenced JSON block
+        // is unwrapped), reasoning. Otherwise the text is the content as generated.
+        if (options.tools_active || !options.constraints.json_schema.empty() ||
+            chat_template_.supports_thinking()) {
+            out.chat_parser = std::move(p.parser);
+        }
         out.tools_active = options.tools_active;
         out.tool_call_id_base = random_call_id_base();
     } else {

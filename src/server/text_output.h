@@ -32,5 +32,8 @@ class TextOutput {
 // Length of the longest prefix of `text` that does not end inside a UTF-8 sequence.
 size_t utf8_complete_prefix_length(std::string_view text);
 bool is_valid_utf8(std::string_view text);
+// `text` with every invalid UTF-8 sequence replaced by U+FFFD exactly as the JSON responses
+// do (nlohmann's error_handler_t::replace): the text a client receives and sends back.
+std::string as_sent_utf8(const std::string& text);
 
 }  // namespace skippy::server

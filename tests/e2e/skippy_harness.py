@@ -58,7 +58,7 @@ class Server:
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env=full_env)
+                                     text=True, errors="replace", env=full_env)
         self.port = None
         deadline = time.time() + 120
         while time.time() < deadline:
