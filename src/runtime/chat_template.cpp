@@ -172,15 +172,14 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
     }
 }
 
-ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages,
-                               const ChatContext& context,
+ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages, const ChatContext& context,
                                const ChatConstraints& constraints) const {
     common_chat_templates_inputs inputs = make_inputs(messages, context, true);
     const bool forced = !constraints.forced_tool.empty();
-    inputs.tool_choice = forced || constraints.tool_choice == ToolChoice::Required
-                             ? COMMON_CHAT_TOOL_CHOICE_REQUIRED
-                         : constraints.tool_choice == ToolChoice::None ? COMMON_CHAT_TOOL_CHOICE_NONE
-                                                                       : COMMON_CHAT_TOOL_CHOICE_AUTO;
+    inputs.tool_choice =
+        forced || constraints.tool_choice == ToolChoice::Required ? COMMON_CHAT_TOOL_CHOICE_REQUIRED
+        : constraints.tool_choice == ToolChoice::None             ? COMMON_CHAT_TOOL_CHOICE_NONE
+                                                                  : COMMON_CHAT_TOOL_CHOICE_AUTO;
     inputs.parallel_tool_calls = constraints.parallel_tool_calls;
     inputs.json_schema = constraints.json_schema;
     inputs.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
@@ -203,7 +202,8 @@ ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages,
                 }
             }
             if (only.tools.empty()) {
-                throw std::invalid_argument("tool '" + constraints.forced_tool + "' is not defined");
+                throw std::invalid_argument("tool '" + constraints.forced_tool +
+                                            "' is not defined");
             }
             constrained = common_chat_templates_apply(impl_->templates.get(), only);
         }
@@ -249,9 +249,9 @@ ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages,
                 break;
             case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL: {
                 const auto& p = trigger.value;
-                out.trigger_patterns.push_back(
-                    p.empty() ? "^$"
-                              : (p.front() != '^' ? "^" : "") + p + (p.back() != '$' ? "$" : ""));
+                out.trigger_patterns.push_back(p.empty() ? "^$"
+                                                         : (p.front() != '^' ? "^" : "") + p +
+                                                               (p.back() != '$' ? "$" : ""));
                 break;
             }
         }

@@ -15,8 +15,8 @@ Sampler::Sampler(const Model& model, const SamplingParams& params) {
             biases.push_back(llama_logit_bias{token, bias});
         }
         llama_sampler_chain_add(
-            chain_, llama_sampler_init_logit_bias(model.n_vocab(), static_cast<int32_t>(biases.size()),
-                                                  biases.data()));
+            chain_, llama_sampler_init_logit_bias(
+                        model.n_vocab(), static_cast<int32_t>(biases.size()), biases.data()));
     }
     if (!params.grammar.empty()) {
         llama_sampler* grammar = nullptr;

@@ -28,7 +28,7 @@ struct SamplingParams {
     float frequency_penalty = 0.0f;
     int32_t penalty_last_n = 64;
     std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to the logits
-    std::string grammar;  // GBNF, empty = none
+    std::string grammar;                                // GBNF, empty = none
     // Lazy grammar: unconstrained until a trigger (a token, or a regex over the generated
     // text) appears, constrained from there on.
     bool grammar_lazy = false;

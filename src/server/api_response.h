@@ -13,6 +13,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "server/api_error.h"
 #include "server/generation_stream.h"
 #include "server/openai_request.h"
 #include "server/scheduler.h"

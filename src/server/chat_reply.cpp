@@ -90,3 +90,73 @@ std::vector<ReplyDelta> ReplyAccumulator::update(bool partial) {
 }
 
 }  // namespace skippy::server
+
+namespace skippy::server {
+
+std::vector<BlockEvent> ReplyBlocks::add(const std::vector<ReplyDelta>& deltas) {
+    std::vector<BlockEvent> out;
+    const auto open = [&](BlockEvent::Kind kind, const ReplyDelta& d) {
+        auto closed = close();
+        out.insert(out.end(), closed.begin(), closed.end());
+        BlockEvent e;
+        e.type = BlockEvent::Type::Open;
+        e.kind = kind;
+        e.block = next_block_++;
+        e.tool_index = d.index;
+        e.id = d.id;
+        e.name = d.name;
+        out.push_back(e);
+        open_ = true;
+        open_kind_ = kind;
+        open_block_ = e.block;
+        open_tool_ = d.index;
+    };
+    for (const auto& d : deltas) {
+        BlockEvent::Kind kind = BlockEvent::Kind::Text;
+        switch (d.kind) {
+            case ReplyDelta::Kind::Content:
+                kind = BlockEvent::Kind::Text;
+                break;
+            case ReplyDelta::Kind::Reasoning:
+                kind = BlockEvent::Kind::Reasoning;
+                break;
+            case ReplyDelta::Kind::ToolCallStart:
+                open(BlockEvent::Kind::ToolCall, d);
+                continue;
+            case ReplyDelta::Kind::ToolCallArguments:
+                kind = BlockEvent::Kind::ToolCall;
+                break;
+        }
+        const bool same = open_ && open_kind_ == kind &&
+                          (kind != BlockEvent::Kind::ToolCall || open_tool_ == d.index);
+        if (!same) {
+            if (kind == BlockEvent::Kind::ToolCall) {
+                continue;  // arguments of a call whose block is closed: cannot happen
+            }
+            open(kind, d);
+        }
+        BlockEvent e;
+        e.type = BlockEvent::Type::Delta;
+        e.kind = kind;
+        e.block = open_block_;
+        e.tool_index = open_tool_;
+        e.text = d.text;
+        out.push_back(std::move(e));
+    }
+    return out;
+}
+
+std::vector<BlockEvent> ReplyBlocks::close() {
+    if (!open_) {
+        return {};
+    }
+    open_ = false;
+    BlockEvent e;
+    e.type = BlockEvent::Type::Close;
+    e.kind = open_kind_;
+    e.block = open_block_;
+    e.tool_index = open_tool_;
+    return {e};
+}
+
+}  // namespace skippy::server

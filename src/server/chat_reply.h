@@ -59,3 +59,35 @@ runtime::ChatReply parse_reply(const runtime::ChatOutputParser* parser, const st
                                const std::string& tool_call_id_base);
 
 }  // namespace skippy::server
+
+namespace skippy::server {
+
+// The reply as a sequence of typed blocks (reasoning, text, one per tool call), each opened,
+// extended and closed: how Anthropic content blocks and Responses output items stream.
+struct BlockEvent {
+    enum class Type { Open, Delta, Close };
+    enum class Kind { Reasoning, Text, ToolCall };
+    Type type = Type::Open;
+    Kind kind = Kind::Text;
+    size_t block = 0;       // index among all blocks of the reply
+    size_t tool_index = 0;  // ToolCall
+    std::string text;       // Delta: new text (ToolCall: arguments)
+    std::string id;         // Open ToolCall
+    std::string name;       // Open ToolCall
+};
+
+class ReplyBlocks {
+  public:
+    std::vector<BlockEvent> add(const std::vector<ReplyDelta>& deltas);
+    std::vector<BlockEvent> close();  // closes the open block (the reply is complete)
+    size_t count() const { return next_block_; }
+
+  private:
+    bool open_ = false;
+    BlockEvent::Kind open_kind_ = BlockEvent::Kind::Text;
+    size_t open_block_ = 0;
+    size_t open_tool_ = 0;
+    size_t next_block_ = 0;
+};
+
+}  // namespace skippy::server

@@ -38,8 +38,9 @@ std::string text_content(const json& content, const std::string& where) {
         if (type == nullptr || !type->is_string() ||
             (*type != "text" && *type != "input_text" && *type != "output_text") ||
             !part.contains("text")) {
-            throw invalid_request(where + " parts must be {type: 'text', text} (images, audio "
-                                          "and files are not supported)",
+            throw invalid_request(where +
+                                      " parts must be {type: 'text', text} (images, audio "
+                                      "and files are not supported)",
                                   where + "[" + std::to_string(i) + "]");
         }
         if (!out.empty()) {
@@ -54,10 +55,11 @@ runtime::ToolCall parse_tool_call(const json& call, const std::string& where) {
     if (!call.is_object()) {
         throw invalid_request(where + " must be an object", where);
     }
-    reject_unknown_fields(call, {{"id", FieldUse::Honored},
-                                 {"type", FieldUse::Honored},
-                                 {"function", FieldUse::Honored},
-                                 {"index", FieldUse::Ignored}},
+    reject_unknown_fields(call,
+                          {{"id", FieldUse::Honored},
+                           {"type", FieldUse::Honored},
+                           {"function", FieldUse::Honored},
+                           {"index", FieldUse::Ignored}},
                           where);
     runtime::ToolCall out;
     out.id = string_field(call, "id", "", where);
@@ -100,8 +102,9 @@ runtime::ToolDefinition parse_tool(const json& tool, const std::string& where,
                           where);
     const json* type = find_field(tool, "type");
     if (type == nullptr || *type != "function") {
-        throw invalid_request(where + ".type must be 'function' (other tool types are not "
-                                      "supported)",
+        throw invalid_request(where +
+                                  ".type must be 'function' (other tool types are not "
+                                  "supported)",
                               where + ".type");
     }
     const json* function = find_field(tool, "function");
@@ -110,10 +113,11 @@ runtime::ToolDefinition parse_tool(const json& tool, const std::string& where,
                               where + ".function");
     }
     const std::string fwhere = where + ".function";
-    reject_unknown_fields(*function, {{"name", FieldUse::Honored},
-                                      {"description", FieldUse::Honored},
-                                      {"parameters", FieldUse::Honored},
-                                      {"strict", FieldUse::Honored}},
+    reject_unknown_fields(*function,
+                          {{"name", FieldUse::Honored},
+                           {"description", FieldUse::Honored},
+                           {"parameters", FieldUse::Honored},
+                           {"strict", FieldUse::Honored}},
                           fwhere);
     runtime::ToolDefinition out;
     out.name = string_field(*function, "name", "", fwhere);
@@ -173,13 +177,14 @@ std::vector<runtime::ChatMessage> parse_chat_messages(const json& messages,
                                       "' is not one of system, developer, user, assistant, tool",
                                   where + ".role");
         }
-        reject_unknown_fields(message, {{"role", FieldUse::Honored},
-                                        {"content", FieldUse::Honored},
-                                        {"name", FieldUse::Ignored},
-                                        {"tool_calls", FieldUse::Honored},
-                                        {"tool_call_id", FieldUse::Honored},
-                                        {"reasoning_content", FieldUse::Honored},
-                                        {"refusal", FieldUse::Ignored}},
+        reject_unknown_fields(message,
+                              {{"role", FieldUse::Honored},
+                               {"content", FieldUse::Honored},
+                               {"name", FieldUse::Ignored},
+                               {"tool_calls", FieldUse::Honored},
+                               {"tool_call_id", FieldUse::Honored},
+                               {"reasoning_content", FieldUse::Honored},
+                               {"refusal", FieldUse::Ignored}},
                               where);
         if (parsed.role == "developer") {
             parsed.role = "system";
@@ -212,8 +217,9 @@ std::vector<runtime::ChatMessage> parse_chat_messages(const json& messages,
         if (parsed.role == "assistant") {
             parsed.reasoning_content = string_field(message, "reasoning_content", "", where);
         } else if (find_field(message, "reasoning_content") != nullptr) {
-            throw invalid_request(where + ".reasoning_content is only allowed on assistant "
-                                          "messages",
+            throw invalid_request(where +
+                                      ".reasoning_content is only allowed on assistant "
+                                      "messages",
                                   where + ".reasoning_content");
         }
         if (parsed.role == "tool") {
@@ -259,21 +265,22 @@ std::string parse_response_format(const json* format, const ChatLimits& limits,
         return R"({"type":"object"})";
     }
     if (type != "json_schema") {
-        throw invalid_request("'" + param +
-                                  ".type' must be one of 'text', 'json_object', 'json_schema'",
-                              param + ".type");
+        throw invalid_request(
+            "'" + param + ".type' must be one of 'text', 'json_object', 'json_schema'",
+            param + ".type");
     }
-    reject_unknown_fields(*format, {{"type", FieldUse::Honored}, {"json_schema", FieldUse::Honored}},
-                          param);
+    reject_unknown_fields(*format,
+                          {{"type", FieldUse::Honored}, {"json_schema", FieldUse::Honored}}, param);
     const json* wrapper = find_field(*format, "json_schema");
     if (wrapper == nullptr || !wrapper->is_object()) {
         throw invalid_request("'" + param + ".json_schema' is required", param + ".json_schema");
     }
     const std::string where = param + ".json_schema";
-    reject_unknown_fields(*wrapper, {{"name", FieldUse::Ignored},
-                                     {"description", FieldUse::Ignored},
-                                     {"schema", FieldUse::Honored},
-                                     {"strict", FieldUse::Honored}},
+    reject_unknown_fields(*wrapper,
+                          {{"name", FieldUse::Ignored},
+                           {"description", FieldUse::Ignored},
+                           {"schema", FieldUse::Honored},
+                           {"strict", FieldUse::Honored}},
                           where);
     string_field(*wrapper, "name", "", where);
     bool_field(*wrapper, "strict", false);
@@ -284,9 +291,9 @@ std::string parse_response_format(const json* format, const ChatLimits& limits,
     check_schema_wellformed(*schema, where + ".schema");
     const std::string text = schema->dump();
     if (text.size() > limits.max_schema_bytes) {
-        throw invalid_request(where + ".schema is larger than " +
-                                  std::to_string(limits.max_schema_bytes) + " bytes",
-                              where + ".schema");
+        throw invalid_request(
+            where + ".schema is larger than " + std::to_string(limits.max_schema_bytes) + " bytes",
+            where + ".schema");
     }
     check_schema_enforceable(*schema, where + ".schema");
     return text;
@@ -300,9 +307,8 @@ ChatOptions parse_chat_options(const json& body, const ChatLimits& limits) {
             throw invalid_request("'tools' must be an array", "tools");
         }
         if (tools->size() > limits.max_tools) {
-            throw invalid_request("at most " + std::to_string(limits.max_tools) +
-                                      " tools are allowed",
-                                  "tools");
+            throw invalid_request(
+                "at most " + std::to_string(limits.max_tools) + " tools are allowed", "tools");
         }
         std::set<std::string> names;
         for (size_t i = 0; i < tools->size(); ++i) {
@@ -326,9 +332,10 @@ ChatOptions parse_chat_options(const json& body, const ChatLimits& limits) {
             } else if (v == "required") {
                 c.tool_choice = runtime::ToolChoice::Required;
             } else {
-                throw invalid_request("'tool_choice' must be 'auto', 'none', 'required' or "
-                                      "{type: 'function', function: {name}}",
-                                      "tool_choice");
+                throw invalid_request(
+                    "'tool_choice' must be 'auto', 'none', 'required' or "
+                    "{type: 'function', function: {name}}",
+                    "tool_choice");
             }
         } else if (choice->is_object()) {
             const json* type = find_field(*choice, "type");
@@ -369,9 +376,10 @@ ChatOptions parse_chat_options(const json& body, const ChatLimits& limits) {
     }
     c.json_schema = parse_response_format(find_field(body, "response_format"), limits);
     if (!c.json_schema.empty() && out.tools_active) {
-        throw invalid_request("'response_format' together with 'tools' is not supported (set "
-                              "tool_choice to 'none' or drop one of them)",
-                              "response_format");
+        throw invalid_request(
+            "'response_format' together with 'tools' is not supported (set "
+            "tool_choice to 'none' or drop one of them)",
+            "response_format");
     }
     if (const json* kwargs = find_field(body, "chat_template_kwargs")) {
         if (!kwargs->is_object()) {
@@ -391,12 +399,13 @@ ChatOptions parse_chat_options(const json& body, const ChatLimits& limits) {
     }
     if (const json* effort = find_field(body, "reasoning_effort")) {
         const std::string v = checked_text(*effort, "reasoning_effort");
-        static const std::set<std::string> efforts = {"none", "minimal", "low", "medium", "high",
-                                                      "xhigh"};
+        static const std::set<std::string> efforts = {"none",   "minimal", "low",
+                                                      "medium", "high",    "xhigh"};
         if (!efforts.contains(v)) {
-            throw invalid_request("'reasoning_effort' must be one of none, minimal, low, medium, "
-                                  "high, xhigh",
-                                  "reasoning_effort");
+            throw invalid_request(
+                "'reasoning_effort' must be one of none, minimal, low, medium, "
+                "high, xhigh",
+                "reasoning_effort");
         }
         if (v == "none") {
             out.context.enable_thinking = false;

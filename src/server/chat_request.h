@@ -17,7 +17,7 @@ namespace skippy::server {
 struct ChatLimits {
     size_t max_messages = 4096;
     size_t max_tools = 128;
-    size_t max_tool_calls = 128;       // per assistant message
+    size_t max_tool_calls = 128;          // per assistant message
     size_t max_schema_bytes = 64 * 1024;  // one tool's parameters / a response schema
 };
 

@@ -72,8 +72,7 @@ void check_grammar_repetition(const std::string& g, size_t open) {
 void check_grammar(const std::string& grammar, const GrammarLimits& limits) {
     if (grammar.size() > limits.max_bytes) {
         throw invalid_request(
-            "'grammar' is longer than " + std::to_string(limits.max_bytes) + " bytes",
-            "grammar");
+            "'grammar' is longer than " + std::to_string(limits.max_bytes) + " bytes", "grammar");
     }
     enum class State { Normal, Literal, CharClass, Comment };
     State state = State::Normal;
@@ -102,8 +101,7 @@ void check_grammar(const std::string& grammar, const GrammarLimits& limits) {
                 } else if (c == ':' && grammar.compare(i, 3, "::=") == 0) {
                     if (++rules > limits.max_rules) {
                         throw invalid_request("'grammar' has more than " +
-                                                  std::to_string(limits.max_rules) +
-                                                  " rules",
+                                                  std::to_string(limits.max_rules) + " rules",
                                               "grammar");
                     }
                     i += 2;

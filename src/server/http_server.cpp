@@ -12,9 +12,13 @@
 #include <thread>
 
 #include "cpp-httplib/httplib.h"
+#include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/api_response.h"
 #include "server/connection_server.h"
+#include "server/json_fields.h"
+#include "server/responses_api.h"
+#include "server/text_output.h"
 
 namespace skippy::server {
 
@@ -177,11 +181,26 @@ struct HttpServer::Impl {
           server(connection_limits(options, scheduler)) {}
 
     void setup();
+    // The request carries the API key: "Authorization: Bearer KEY" (OpenAI clients) or
+    // "x-api-key: KEY" (Anthropic clients).
+    bool authorized(const httplib::Request& req) const {
+        const std::string bearer = bearer_token(req.get_header_value("Authorization"));
+        if (!bearer.empty() && secrets_equal(bearer, options.api_key)) {
+            return true;
+        }
+        const std::string key = trim(req.get_header_value("x-api-key"));
+        return !key.empty() && secrets_equal(key, options.api_key);
+    }
     void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
     // Runs the request's generations (n choices, one after the other) and answers with
     // `writer`'s format, streamed or not. `send_error` formats errors before any output.
     void serve(std::shared_ptr<const ParsedRequest> parsed, std::shared_ptr<ApiResponse> writer,
                const httplib::Request& req, httplib::Response& res);
+    void handle_anthropic(const httplib::Request& req, httplib::Response& res);
+    void handle_anthropic_count(const httplib::Request& req, httplib::Response& res);
+    void handle_responses(const httplib::Request& req, httplib::Response& res);
+    void handle_tokenize(const httplib::Request& req, httplib::Response& res);
+    void handle_detokenize(const httplib::Request& req, httplib::Response& res);
     void send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
                         const std::string& type, const std::string& message) const;
     bool json_content_type(const httplib::Request& req, httplib::Response& res) const;
@@ -195,8 +214,7 @@ void HttpServer::Impl::setup() {
     server.set_expect_100_continue_handler(
         [this](const httplib::Request& req, httplib::Response& res) {
             if (!options.api_key.empty() && req.path != "/health") {
-                const std::string given = bearer_token(req.get_header_value("Authorization"));
-                if (given.empty() || !secrets_equal(given, options.api_key)) {
+                if (!authorized(req)) {
                     res.set_header("WWW-Authenticate", "Bearer");
                     send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
                                "invalid_api_key");
@@ -215,11 +233,16 @@ void HttpServer::Impl::setup() {
     // Runs before the body is read.
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (!options.api_key.empty() && req.path != "/health") {
-            const std::string given = bearer_token(req.get_header_value("Authorization"));
-            if (given.empty() || !secrets_equal(given, options.api_key)) {
+            if (!authorized(req)) {
                 res.set_header("WWW-Authenticate", "Bearer");
-                send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
-                           "invalid_api_key");
+                if (req.path.rfind("/v1/messages", 0) == 0) {
+                    res.status = 401;
+                    res.set_content(dump_json(anthropic_error(401, "Invalid or missing API key")),
+                                    "application/json");
+                } else {
+                    send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                               "invalid_api_key");
+                }
                 return httplib::Server::HandlerResponse::Handled;
             }
         }
@@ -286,11 +309,35 @@ void HttpServer::Impl::setup() {
                         "application/json");
     });
     server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-        json data = json::array({json{{"id", model_id},
-                                      {"object", "model"},
-                                      {"created", static_cast<int64_t>(started)},
-                                      {"owned_by", "skippy"}}});
+        json data = json::array();
+        for (const auto& id : parser.model_ids()) {
+            if (id == "*") {
+                continue;  // the catch-all accepts any name; it is not a model
+            }
+            data.push_back(json{{"id", id},
+                                {"object", "model"},
+                                {"created", static_cast<int64_t>(started)},
+                                {"owned_by", "skippy"},
+                                {"context_length", parser.n_ctx()},
+                                {"max_model_len", parser.n_ctx()}});
+        }
         res.set_content(dump_json(json{{"object", "list"}, {"data", data}}), "application/json");
+    });
+    server.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_anthropic(req, res);
+    });
+    server.Post("/v1/messages/count_tokens",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                    handle_anthropic_count(req, res);
+                });
+    server.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_responses(req, res);
+    });
+    server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_tokenize(req, res);
+    });
+    server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_detokenize(req, res);
     });
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
         res.set_content(metrics_text(), "text/plain; version=0.0.4");
@@ -384,9 +431,165 @@ void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Reque
     serve(parsed, std::move(writer), req, res);
 }
 
-void HttpServer::Impl::send_api_error(httplib::Response& res, const ApiResponse& writer,
-                                      int status, const std::string& type,
-                                      const std::string& message) const {
+namespace {
+
+// The body as JSON, or a 400 (in `error_format`'s shape).
+json parse_body(const std::string& text) {
+    if (!is_valid_utf8(text)) {
+        throw invalid_request("request body is not valid UTF-8");
+    }
+    try {
+        return json::parse(text);
+    } catch (const json::exception& e) {
+        throw invalid_request(std::string("request body is not valid JSON: ") + e.what());
+    }
+}
+
+void send_anthropic_error(httplib::Response& res, int status, const std::string& message) {
+    res.status = status;
+    res.set_content(dump_json(anthropic_error(status, message)), "application/json");
+}
+
+}  // namespace
+
+void HttpServer::Impl::handle_anthropic(const httplib::Request& req, httplib::Response& res) {
+    if (!is_json_media_type(req.get_header_value("Content-Type"))) {
+        send_anthropic_error(res, 415, "Content-Type must be application/json");
+        return;
+    }
+    auto parsed = std::make_shared<ParsedRequest>();
+    try {
+        const auto parse_start = std::chrono::steady_clock::now();
+        *parsed = parser.parse(Endpoint::ChatCompletions, anthropic_to_chat(parse_body(req.body)));
+        parsed->parse_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - parse_start)
+                               .count();
+    } catch (const ApiError& e) {
+        send_anthropic_error(res, e.status, e.what());
+        return;
+    } catch (const std::invalid_argument& e) {
+        send_anthropic_error(res, 400, e.what());
+        return;
+    }
+    serve(parsed, make_anthropic_response(parsed), req, res);
+}
+
+void HttpServer::Impl::handle_anthropic_count(const httplib::Request& req, httplib::Response& res) {
+    try {
+        json body = parse_body(req.body);
+        if (body.is_object() && !body.contains("max_tokens")) {
+            body["max_tokens"] = 1;
+        }
+        const ParsedRequest parsed =
+            parser.parse(Endpoint::ChatCompletions, anthropic_to_chat(body));
+        res.set_content(dump_json(json{{"input_tokens", parsed.generation.prompt.size()}}),
+                        "application/json");
+    } catch (const ApiError& e) {
+        send_anthropic_error(res, e.status, e.what());
+    } catch (const std::invalid_argument& e) {
+        send_anthropic_error(res, 400, e.what());
+    }
+}
+
+void HttpServer::Impl::handle_responses(const httplib::Request& req, httplib::Response& res) {
+    if (!json_content_type(req, res)) {
+        return;
+    }
+    auto parsed = std::make_shared<ParsedRequest>();
+    json body;
+    try {
+        const auto parse_start = std::chrono::steady_clock::now();
+        body = parse_body(req.body);
+        if (body.is_object() && body.contains("previous_response_id") &&
+            !body["previous_response_id"].is_null()) {
+            throw invalid_request(
+                "previous_response_id is not supported: responses are not "
+                "stored, send the whole input",
+                "previous_response_id");
+        }
+        *parsed = parser.parse(Endpoint::ChatCompletions, responses_to_chat(body));
+        parsed->parse_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - parse_start)
+                               .count();
+    } catch (const ApiError& e) {
+        send_error(res, e);
+        return;
+    } catch (const std::invalid_argument& e) {
+        send_error(res, 400, "invalid_request_error", e.what());
+        return;
+    }
+    serve(parsed, make_responses_response(parsed, std::move(body)), req, res);
+}
+
+void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+    try {
+        const json body = parse_body(req.body);
+        if (!body.is_object()) {
+            throw invalid_request("request body must be a JSON object");
+        }
+        reject_unknown_fields(body, {{"content", FieldUse::Honored},
+                                     {"add_special", FieldUse::Honored},
+                                     {"parse_special", FieldUse::Honored},
+                                     {"with_pieces", FieldUse::Honored},
+                                     {"model", FieldUse::Ignored}});
+        const json* content = find_field(body, "content");
+        if (content == nullptr) {
+            throw invalid_request("'content' is required", "content");
+        }
+        const std::string text = checked_text(*content, "content");
+        if (text.size() > options.max_body_bytes) {
+            throw invalid_request("'content' is too long", "content");
+        }
+        const auto& model = parser.model();
+        const auto tokens = model.tokenize(text, bool_field(body, "add_special", false),
+                                           bool_field(body, "parse_special", true));
+        json out = json::array();
+        if (bool_field(body, "with_pieces", false)) {
+            for (const auto t : tokens) {
+                out.push_back(
+                    json{{"id", t}, {"piece", as_sent_utf8(model.token_to_piece(t, true))}});
+            }
+        } else {
+            out = tokens;
+        }
+        res.set_content(dump_json(json{{"tokens", out}}), "application/json");
+    } catch (const ApiError& e) {
+        send_error(res, e);
+    }
+}
+
+void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+    try {
+        const json body = parse_body(req.body);
+        if (!body.is_object()) {
+            throw invalid_request("request body must be a JSON object");
+        }
+        reject_unknown_fields(body, {{"tokens", FieldUse::Honored}, {"model", FieldUse::Ignored}});
+        const json* tokens = find_field(body, "tokens");
+        if (tokens == nullptr || !tokens->is_array()) {
+            throw invalid_request("'tokens' is required and must be an array of token ids",
+                                  "tokens");
+        }
+        const auto& model = parser.model();
+        std::vector<runtime::Token> ids;
+        for (const auto& t : *tokens) {
+            if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+                t.get<int64_t>() >= model.n_vocab()) {
+                throw invalid_request("token id " + t.dump() + " is outside the vocabulary (0.." +
+                                          std::to_string(model.n_vocab() - 1) + ")",
+                                      "tokens");
+            }
+            ids.push_back(static_cast<runtime::Token>(t.get<int64_t>()));
+        }
+        res.set_content(dump_json(json{{"content", model.detokenize(ids, true)}}),
+                        "application/json");
+    } catch (const ApiError& e) {
+        send_error(res, e);
+    }
+}
+
+void HttpServer::Impl::send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
+                                      const std::string& type, const std::string& message) const {
     if (status == 503 || status == 429) {
         res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
     }
@@ -437,11 +640,11 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
             case Admission::QueueFull:
                 res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
                 res.status = 429;
-                res.set_content(
-                    dump_json(r.writer->error_json(
-                        429, "rate_limit_error",
-                        "Server is busy: the request queue is full, retry later", "", "queue_full")),
-                    "application/json");
+                res.set_content(dump_json(r.writer->error_json(
+                                    429, "rate_limit_error",
+                                    "Server is busy: the request queue is full, retry later", "",
+                                    "queue_full")),
+                                "application/json");
                 return false;
             case Admission::Stopped:
                 send_api_error(res, *r.writer, 503, "server_error", "Server is shutting down");
@@ -521,8 +724,8 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
             }
             for (;;) {
                 if (run->pending.empty()) {
-                    run->pending = run->stream->take_all(out.empty() ? kDisconnectCheck
-                                                                     : std::chrono::milliseconds(0));
+                    run->pending = run->stream->take_all(
+                        out.empty() ? kDisconnectCheck : std::chrono::milliseconds(0));
                 }
                 if (run->pending.empty()) {
                     if (!out.empty()) {

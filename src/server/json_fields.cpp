@@ -104,9 +104,9 @@ void reject_unknown_fields(const json& body, std::initializer_list<FieldRule> ru
         }
         if (!known) {
             const std::string param = where.empty() ? key : where + "." + key;
-            throw invalid_request("Unsupported parameter: '" + param +
-                                      "' is not supported by this server",
-                                  param, "unsupported_parameter");
+            throw invalid_request(
+                "Unsupported parameter: '" + param + "' is not supported by this server", param,
+                "unsupported_parameter");
         }
     }
 }

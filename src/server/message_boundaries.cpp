@@ -132,8 +132,8 @@ std::string chat_context_label(const runtime::ChatContext& context) {
     }
     label += "kwargs:" + std::to_string(context.template_kwargs.size()) + ";";
     for (const auto& [name, value] : context.template_kwargs) {
-        label += std::to_string(name.size()) + ":" + name + std::to_string(value.size()) + ":" +
-                 value;
+        label +=
+            std::to_string(name.size()) + ":" + name + std::to_string(value.size()) + ":" + value;
     }
     label += context.enable_thinking ? "think:1" : "think:0";
     return label;

@@ -110,36 +110,43 @@ std::string OpenAiRequestParser::resolve_model(const json* model) const {
 namespace {
 
 // Fields every generation request may carry (both endpoints).
-#define SKIPPY_COMMON_FIELDS                                                                   \
-    {"model", FieldUse::Honored}, {"stream", FieldUse::Honored},                               \
-        {"stream_options", FieldUse::Honored}, {"n", FieldUse::Honored},                       \
-        {"max_tokens", FieldUse::Honored}, {"temperature", FieldUse::Honored},                 \
-        {"top_p", FieldUse::Honored}, {"top_k", FieldUse::Honored},                            \
-        {"min_p", FieldUse::Honored}, {"presence_penalty", FieldUse::Honored},                 \
-        {"frequency_penalty", FieldUse::Honored}, {"repeat_penalty", FieldUse::Honored},       \
-        {"seed", FieldUse::Honored}, {"grammar", FieldUse::Honored},                           \
-        {"stop", FieldUse::Honored}, {"ignore_eos", FieldUse::Honored},                        \
-        {"cache_prompt", FieldUse::Honored}, {"prompt_cache_key", FieldUse::Honored},          \
-        {"return_token_ids", FieldUse::Honored}, {"logprobs", FieldUse::Honored},              \
-        {"logit_bias", FieldUse::Honored}, {"response_format", FieldUse::Honored},             \
-        {"user", FieldUse::Ignored}, {"metadata", FieldUse::Ignored},                          \
-        {"store", FieldUse::Ignored}, {"service_tier", FieldUse::Ignored},                     \
-        {"safety_identifier", FieldUse::Ignored}, {"prompt_cache_retention", FieldUse::Ignored}
+#define SKIPPY_COMMON_FIELDS                                                                      \
+    {"model", FieldUse::Honored}, {"stream", FieldUse::Honored},                                  \
+        {"stream_options", FieldUse::Honored}, {"n", FieldUse::Honored},                          \
+        {"max_tokens", FieldUse::Honored}, {"temperature", FieldUse::Honored},                    \
+        {"top_p", FieldUse::Honored}, {"top_k", FieldUse::Honored}, {"min_p", FieldUse::Honored}, \
+        {"presence_penalty", FieldUse::Honored}, {"frequency_penalty", FieldUse::Honored},        \
+        {"repeat_penalty", FieldUse::Honored}, {"seed", FieldUse::Honored},                       \
+        {"grammar", FieldUse::Honored}, {"stop", FieldUse::Honored},                              \
+        {"ignore_eos", FieldUse::Honored}, {"cache_prompt", FieldUse::Honored},                   \
+        {"prompt_cache_key", FieldUse::Honored}, {"return_token_ids", FieldUse::Honored},         \
+        {"logprobs", FieldUse::Honored}, {"logit_bias", FieldUse::Honored},                       \
+        {"response_format", FieldUse::Honored}, {"user", FieldUse::Ignored},                      \
+        {"metadata", FieldUse::Ignored}, {"store", FieldUse::Ignored},                            \
+        {"service_tier", FieldUse::Ignored}, {"safety_identifier", FieldUse::Ignored}, {          \
+        "prompt_cache_retention", FieldUse::Ignored                                               \
+    }
 
 }  // namespace
 
 void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) const {
     if (out.endpoint == Endpoint::ChatCompletions) {
-        reject_unknown_fields(
-            body, {SKIPPY_COMMON_FIELDS, {"messages", FieldUse::Honored},
-                   {"max_completion_tokens", FieldUse::Honored}, {"tools", FieldUse::Honored},
-                   {"tool_choice", FieldUse::Honored}, {"parallel_tool_calls", FieldUse::Honored},
-                   {"top_logprobs", FieldUse::Honored}, {"chat_template_kwargs", FieldUse::Honored},
-                   {"reasoning_effort", FieldUse::Honored}, {"modalities", FieldUse::Honored},
-                   {"prediction", FieldUse::Ignored}});
+        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS,
+                                     {"messages", FieldUse::Honored},
+                                     {"max_completion_tokens", FieldUse::Honored},
+                                     {"tools", FieldUse::Honored},
+                                     {"tool_choice", FieldUse::Honored},
+                                     {"parallel_tool_calls", FieldUse::Honored},
+                                     {"top_logprobs", FieldUse::Honored},
+                                     {"chat_template_kwargs", FieldUse::Honored},
+                                     {"reasoning_effort", FieldUse::Honored},
+                                     {"modalities", FieldUse::Honored},
+                                     {"prediction", FieldUse::Ignored}});
     } else {
-        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS, {"prompt", FieldUse::Honored},
-                                     {"echo", FieldUse::Honored}, {"best_of", FieldUse::Honored},
+        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS,
+                                     {"prompt", FieldUse::Honored},
+                                     {"echo", FieldUse::Honored},
+                                     {"best_of", FieldUse::Honored},
                                      {"suffix", FieldUse::Honored}});
     }
     out.model = resolve_model(find_field(body, "model"));
@@ -150,9 +157,10 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
         if (!options->is_object()) {
             throw invalid_request("'stream_options' must be an object", "stream_options");
         }
-        reject_unknown_fields(*options, {{"include_usage", FieldUse::Honored},
-                                         {"include_obfuscation", FieldUse::Ignored}},
-                              "stream_options");
+        reject_unknown_fields(
+            *options,
+            {{"include_usage", FieldUse::Honored}, {"include_obfuscation", FieldUse::Ignored}},
+            "stream_options");
         out.include_usage = bool_field(*options, "include_usage", false);
     }
     out.n = static_cast<int>(integer_field(body, "n", 1, 1, 16));
@@ -281,8 +289,7 @@ std::string random_call_id_base() {
     static std::atomic<uint64_t> counter{0};
     static const uint64_t salt = std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
     char buf[48];
-    std::snprintf(buf, sizeof buf, "call_%016llx%04llx_",
-                  static_cast<unsigned long long>(salt),
+    std::snprintf(buf, sizeof buf, "call_%016llx%04llx_", static_cast<unsigned long long>(salt),
                   static_cast<unsigned long long>(counter.fetch_add(1) & 0xFFFF));
     return buf;
 }
@@ -309,7 +316,8 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
                             !options.context.empty() || chat_template_.supports_thinking();
     std::string prompt;
     if (structured) {
-        runtime::ChatPrompt p = chat_template_.apply(messages, options.context, options.constraints);
+        runtime::ChatPrompt p =
+            chat_template_.apply(messages, options.context, options.constraints);
         prompt = std::move(p.prompt);
         if (!p.grammar.empty()) {
             auto& s = gen.sampling;
@@ -414,14 +422,13 @@ void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out)
         parse_response_format(find_field(body, "response_format"), limits_.chat);
     if (!schema.empty()) {
         if (!gen.sampling.grammar.empty()) {
-            throw invalid_request("'grammar' cannot be combined with 'response_format'",
-                                  "grammar");
+            throw invalid_request("'grammar' cannot be combined with 'response_format'", "grammar");
         }
         try {
             gen.sampling.grammar = runtime::json_schema_grammar(schema);
         } catch (const std::invalid_argument& e) {
-            throw invalid_request(std::string("'response_format': ") + e.what(),
-                                  "response_format", "unsupported_schema");
+            throw invalid_request(std::string("'response_format': ") + e.what(), "response_format",
+                                  "unsupported_schema");
         }
     }
 }

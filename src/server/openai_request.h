@@ -53,7 +53,7 @@ struct ParsedRequest {
     GenerationRequest generation;
     // Chat: the output format's parser (tool calls, reasoning); null = the text is content.
     std::shared_ptr<const runtime::ChatOutputParser> chat_parser;
-    bool tools_active = false;     // tools given, tool_choice != none
+    bool tools_active = false;      // tools given, tool_choice != none
     std::string tool_call_id_base;  // tool call i of the reply gets id base + i
     // Chat: renders what the next turn of this conversation will look up (the messages
     // without generation prompt), off the critical path: call it once the response is sent.

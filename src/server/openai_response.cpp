@@ -68,8 +68,9 @@ class OpenAiResponse final : public ApiResponse {
         choices_.resize(static_cast<size_t>(std::max(parsed_.n, 1)));
         for (size_t i = 0; i < choices_.size(); ++i) {
             // Choice 0 has the ids the end of the turn renders (base + call index).
-            choices_[i].id_base = i == 0 ? parsed_.tool_call_id_base
-                                         : parsed_.tool_call_id_base + "c" + std::to_string(i) + "_";
+            choices_[i].id_base = i == 0
+                                      ? parsed_.tool_call_id_base
+                                      : parsed_.tool_call_id_base + "c" + std::to_string(i) + "_";
             choices_[i].reply =
                 std::make_unique<ReplyAccumulator>(parsed_.chat_parser, choices_[i].id_base);
         }
@@ -216,7 +217,8 @@ class OpenAiResponse final : public ApiResponse {
         json& choice = chunk["choices"][0];
         if (c.logprobs && !c.pending_logprobs.empty()) {
             if (chat_) {
-                choice["logprobs"] = {{"content", chat_logprobs_content(model_, c.pending_logprobs)}};
+                choice["logprobs"] = {
+                    {"content", chat_logprobs_content(model_, c.pending_logprobs)}};
             } else {
                 choice["logprobs"] = completion_logprobs(model_, c.pending_logprobs, c.text_offset);
                 for (const auto& e : c.pending_logprobs) {
@@ -261,12 +263,12 @@ class OpenAiResponse final : public ApiResponse {
             case ReplyDelta::Kind::Reasoning:
                 return json{{"reasoning_content", d.text}};
             case ReplyDelta::Kind::ToolCallStart:
-                return json{{"tool_calls", json::array({json{{"index", d.index},
-                                                             {"id", d.id},
-                                                             {"type", "function"},
-                                                             {"function",
-                                                              {{"name", d.name},
-                                                               {"arguments", ""}}}}})}};
+                return json{
+                    {"tool_calls",
+                     json::array({json{{"index", d.index},
+                                       {"id", d.id},
+                                       {"type", "function"},
+                                       {"function", {{"name", d.name}, {"arguments", ""}}}}})}};
             case ReplyDelta::Kind::ToolCallArguments:
                 return json{
                     {"tool_calls", json::array({json{{"index", d.index},
@@ -290,7 +292,8 @@ class OpenAiResponse final : public ApiResponse {
             c.pending_logprobs.insert(c.pending_logprobs.end(), rest.begin(), rest.end());
             c.pending_logprobs.resize(std::min(c.pending_logprobs.size(), c.tokens.size()));
             if (chat_) {
-                choice["logprobs"] = {{"content", chat_logprobs_content(model_, c.pending_logprobs)}};
+                choice["logprobs"] = {
+                    {"content", chat_logprobs_content(model_, c.pending_logprobs)}};
             } else {
                 choice["logprobs"] = completion_logprobs(model_, c.pending_logprobs, 0);
             }

@@ -97,9 +97,9 @@ class Checker {
 
   private:
     [[noreturn]] void fail(const std::string& path, const std::string& what) const {
-        throw invalid_request("'" + param_ + "': schema " + (path.empty() ? "#" : path) + " " +
-                                  what,
-                              param_, "unsupported_schema");
+        throw invalid_request(
+            "'" + param_ + "': schema " + (path.empty() ? "#" : path) + " " + what, param_,
+            "unsupported_schema");
     }
 
     void check_ref(const json& ref, const std::string& path) {
@@ -118,9 +118,8 @@ class Checker {
                 fail(path + "/$ref", "'" + target + "' is not a JSON pointer");
             }
             const size_t next = target.find('/', pos + 1);
-            const std::string part = target.substr(pos + 1, next == std::string::npos
-                                                                 ? std::string::npos
-                                                                 : next - pos - 1);
+            const std::string part = target.substr(
+                pos + 1, next == std::string::npos ? std::string::npos : next - pos - 1);
             if (!node->is_object() || !node->contains(part)) {
                 fail(path + "/$ref", "'" + target + "' does not resolve");
             }
@@ -154,8 +153,9 @@ class Checker {
         if (schema.contains("type")) {
             const json& t = schema.at("type");
             if (!t.is_string() || !primitive_types().contains(t.get<std::string>())) {
-                fail(path + "/type", "must be one of string, number, integer, boolean, object, "
-                                     "array, null");
+                fail(path + "/type",
+                     "must be one of string, number, integer, boolean, object, "
+                     "array, null");
             }
             type = t.get<std::string>();
             used.insert("type");
@@ -270,10 +270,11 @@ class Checker {
         if (!enforce_unused) {
             // One type of a type list: keywords of the other types are theirs.
             static const std::set<std::string> by_type = {
-                "properties", "required",  "additionalProperties", "items",   "prefixItems",
-                "minItems",   "maxItems",  "pattern",              "format",  "minLength",
-                "maxLength",  "minimum",   "maximum",              "exclusiveMinimum",
-                "exclusiveMaximum"};
+                "properties", "required",         "additionalProperties",
+                "items",      "prefixItems",      "minItems",
+                "maxItems",   "pattern",          "format",
+                "minLength",  "maxLength",        "minimum",
+                "maximum",    "exclusiveMinimum", "exclusiveMaximum"};
             for (const auto& key : by_type) {
                 if (has(key.c_str()) && !keyword_applies(key, type)) {
                     used.insert(key);

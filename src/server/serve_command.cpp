@@ -1,6 +1,7 @@
 #include "server/serve_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -9,8 +10,8 @@
 #include <sstream>
 
 #include "runtime/chat_template.h"
-#include "runtime/model.h"
 #include "runtime/factory/model_factory.h"
+#include "runtime/model.h"
 #include "stage/stage_factory.h"
 
 namespace skippy::server {
@@ -61,7 +62,9 @@ std::string ensure_demo_model() {
 void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("-m,--model", c.model_path, "GGUF model to serve (default: built-in demo)")
         ->envname("SKIPPY_MODEL");
-    app.add_option("--alias", c.model_alias, "model id reported by /v1/models")
+    app.add_option("--alias", c.model_aliases,
+                   "model names served (comma-separated or repeated; '*' accepts any name)")
+        ->delimiter(',')
         ->envname("SKIPPY_MODEL_ALIAS");
     app.add_option("--chat-template-file", c.chat_template_file,
                    "Jinja chat template to use instead of the model's");
@@ -198,22 +201,32 @@ int run_serve(ServeConfig config) {
     const std::string cache_summary = stage_backend.summary;
     Scheduler scheduler(*model, config.scheduler, std::move(stage_backend.backend));
 
-    std::string model_id = config.model_alias;
-    if (model_id.empty()) {
-        model_id = std::filesystem::path(config.model_path).stem().string();
+    std::vector<std::string> model_ids;
+    for (const auto& alias : config.model_aliases) {
+        if (!alias.empty() &&
+            std::find(model_ids.begin(), model_ids.end(), alias) == model_ids.end()) {
+            model_ids.push_back(alias);
+        }
     }
+    if (std::all_of(model_ids.begin(), model_ids.end(), [](const auto& id) { return id == "*"; })) {
+        model_ids.insert(model_ids.begin(),
+                         std::filesystem::path(config.model_path).stem().string());
+    }
+    const std::string model_id = model_ids.front();
     RequestLimits limits;
     limits.n_ctx = scheduler.n_ctx();
-    OpenAiRequestParser parser(*model, chat_template, {model_id}, limits);
+    OpenAiRequestParser parser(*model, chat_template, model_ids, limits);
     HttpServer http(config.http, scheduler, parser, model_id, stage_backend.metrics);
     const int port = http.bind();
 
     std::cerr << "skippy: model " << config.model_path << " (" << model->arch() << ", "
               << runtime::model_kind_name(model->kind()) << ", " << model->n_params()
               << " params)\n"
-              << "skippy: id=" << model_id << " ctx=" << config.scheduler.context.n_ctx
-              << " lanes=" << config.scheduler.lanes << " ctx_per_lane=" << scheduler.n_ctx()
-              << " flash_attn="
+              << "skippy: id=" << model_id
+              << (model_ids.size() > 1 ? " (aliases: " + std::to_string(model_ids.size()) + ")"
+                                       : std::string())
+              << " ctx=" << config.scheduler.context.n_ctx << " lanes=" << config.scheduler.lanes
+              << " ctx_per_lane=" << scheduler.n_ctx() << " flash_attn="
               << runtime::flash_attn_name(
                      runtime::resolve_flash_attn(config.scheduler.context.flash_attn))
               << " threads=" << config.scheduler.context.n_threads
