@@ -38,7 +38,7 @@ std::string cache_dir() {
 
 std::string ensure_demo_model() {
     const std::filesystem::path dir = std::filesystem::path(cache_dir()) / "models";
-    const std::filesystem::path path = dir / "skippy-demo-llama-v1.gguf";
+    const std::filesystem::path path = dir / "skippy-demo-llama-tools-v2.gguf";
     if (std::filesystem::exists(path)) {
         return path.string();
     }
@@ -52,6 +52,11 @@ std::string ensure_demo_model() {
     spec.n_head_kv = 4;
     spec.n_ff = 768;
     spec.seed = 7;
+    // Tool calls out of the box: the Qwen2.5 chat template (tools, <tool_call> JSON calls)
+    // with the Qwen2.5/Qwen3 tokenizer, in which its markers are single tokens.
+    spec.vocab = "qwen3";
+    spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
+    spec.f16 = true;
     std::cerr << "skippy: generating the demo model at " << path << "\n";
     const auto tmp = path.string() + ".tmp";
     runtime::make_random_model(spec, tmp);
