@@ -303,9 +303,31 @@ class Checker {
 
 }  // namespace
 
+namespace {
+
+// Nesting depth of a JSON value (the grammar converter recurses once per level).
+size_t json_depth(const json& value, size_t limit) {
+    if (limit == 0 || (!value.is_object() && !value.is_array())) {
+        return 0;
+    }
+    size_t deepest = 0;
+    for (const auto& item : value) {
+        deepest = std::max(deepest, json_depth(item, limit - 1));
+    }
+    return deepest + 1;
+}
+
+}  // namespace
+
 void check_schema_wellformed(const json& schema, const std::string& param) {
     if (!schema.is_object()) {
         throw invalid_request("'" + param + "' must be a JSON Schema object", param);
+    }
+    constexpr size_t kMaxDepth = 128;
+    if (json_depth(schema, kMaxDepth + 1) > kMaxDepth) {
+        throw invalid_request("'" + param + "' nests deeper than " + std::to_string(kMaxDepth) +
+                                  " levels",
+                              param);
     }
     if (const auto it = schema.find("type"); it != schema.end()) {
         const auto valid_type = [](const json& t) {
