@@ -226,8 +226,15 @@ class AgentLoop(Workload):
             upcoming = prompt_tokens + 2 * c["max_tokens"] + m["result_tokens"][turn] + 16
             if upcoming + c["max_tokens"] > cap or turn + 1 >= len(m["results"]):
                 break
-            messages = messages + [{"role": "assistant", "content": call},
-                                   {"role": "tool", "content": m["results"][turn]}]
+            # A tool result answers a call of the assistant message before it (both servers
+            # reject a tool message without a matching tool_call_id); templates without
+            # tools render the content only, as before.
+            call_id = f"call_{turn + 1}"
+            messages = messages + [
+                {"role": "assistant", "content": call,
+                 "tool_calls": [{"id": call_id, "type": "function",
+                                 "function": {"name": "tool", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": m["results"][turn]}]
         return records, {}
 
 

@@ -40,7 +40,10 @@ std::string block_text(const json& content, const std::string& where) {
     return out;
 }
 
-void convert_message(const json& message, const std::string& where, json& out_messages) {
+// `ordered`: the same message with its object keys in the client's order (a tool_use input
+// goes back to the template in that order: the order the reply generated them in).
+void convert_message(const json& message, const nlohmann::ordered_json& ordered,
+                     const std::string& where, json& out_messages) {
     if (!message.is_object()) {
         throw invalid_request("'" + where + "' must be an object", where);
     }
@@ -98,12 +101,20 @@ void convert_message(const json& message, const std::string& where, json& out_me
             if (input != nullptr && !input->is_object()) {
                 throw invalid_request("'" + w + ".input' must be an object", w + ".input");
             }
+            std::string arguments = "{}";
+            if (input != nullptr) {
+                try {
+                    arguments = ordered.at("content").at(i).at("input").dump(
+                        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+                } catch (const nlohmann::ordered_json::exception&) {
+                    arguments = input->dump();  // duplicate keys made the two parses differ
+                }
+            }
             tool_calls.push_back(
                 json{{"id", string_field(block, "id", "", w)},
                      {"type", "function"},
                      {"function",
-                      {{"name", string_field(block, "name", "", w)},
-                       {"arguments", input != nullptr ? input->dump() : std::string("{}")}}}});
+                      {{"name", string_field(block, "name", "", w)}, {"arguments", arguments}}}});
         } else if (type == "tool_result" && role == "user") {
             reject_unknown_fields(block,
                                   {{"type", FieldUse::Honored},
@@ -172,7 +183,7 @@ json anthropic_error(int status, const std::string& message) {
                 {"error", {{"type", anthropic_error_type(status)}, {"message", message}}}};
 }
 
-json anthropic_to_chat(const json& body) {
+json anthropic_to_chat(const json& body, const nlohmann::ordered_json& ordered) {
     if (!body.is_object()) {
         throw invalid_request("request body must be a JSON object");
     }
@@ -203,7 +214,14 @@ json anthropic_to_chat(const json& body) {
         throw invalid_request("'messages' is required and must be a non-empty array", "messages");
     }
     for (size_t i = 0; i < input->size(); ++i) {
-        convert_message((*input)[i], "messages[" + std::to_string(i) + "]", messages);
+        static const nlohmann::ordered_json none = nlohmann::ordered_json::object();
+        const nlohmann::ordered_json* ordered_message = &none;
+        try {
+            ordered_message = &ordered.at("messages").at(i);
+        } catch (const nlohmann::ordered_json::exception&) {
+        }
+        convert_message((*input)[i], *ordered_message, "messages[" + std::to_string(i) + "]",
+                        messages);
     }
     chat["messages"] = messages;
     if (find_field(body, "max_tokens") == nullptr) {
@@ -298,12 +316,20 @@ std::string stop_reason(const GenerationStats& stats, const runtime::ChatReply& 
     if (stats.finish_reason == "length") {
         return "max_tokens";
     }
+    if (!stats.stop_sequence.empty()) {
+        return "stop_sequence";
+    }
     return reply.tool_calls.empty() ? "end_turn" : "tool_use";
 }
 
-json tool_input(const std::string& arguments) {
-    json input = json::parse(arguments, nullptr, false);
-    return input.is_object() ? input : json::object();
+json stop_sequence(const GenerationStats& stats) {
+    return stats.stop_sequence.empty() ? json(nullptr) : json(stats.stop_sequence);
+}
+
+// Key order kept: the client sends the input back as it got it, and the prompt renders it.
+nlohmann::ordered_json tool_input(const std::string& arguments) {
+    auto input = nlohmann::ordered_json::parse(arguments, nullptr, false);
+    return input.is_object() ? input : nlohmann::ordered_json::object();
 }
 
 json usage(const GenerationStats& stats) {
@@ -358,37 +384,38 @@ class AnthropicResponse final : public ApiResponse {
 
     std::string finish() override {
         if (!parsed_->stream) {
-            json content = json::array();
+            using ojson = nlohmann::ordered_json;
+            ojson content = ojson::array();
             if (!final_.reasoning_content.empty()) {
-                content.push_back(json{{"type", "thinking"},
-                                       {"thinking", final_.reasoning_content},
-                                       {"signature", ""}});
+                content.push_back(ojson{{"type", "thinking"},
+                                        {"thinking", final_.reasoning_content},
+                                        {"signature", ""}});
             }
             if (!final_.content.empty()) {
-                content.push_back(json{{"type", "text"}, {"text", final_.content}});
+                content.push_back(ojson{{"type", "text"}, {"text", final_.content}});
             }
             for (const auto& call : final_.tool_calls) {
-                content.push_back(json{{"type", "tool_use"},
-                                       {"id", call.id},
-                                       {"name", call.name},
-                                       {"input", tool_input(call.arguments)}});
+                content.push_back(ojson{{"type", "tool_use"},
+                                        {"id", call.id},
+                                        {"name", call.name},
+                                        {"input", tool_input(call.arguments)}});
             }
-            json out = {{"id", id_},
-                        {"type", "message"},
-                        {"role", "assistant"},
-                        {"model", parsed_->model},
-                        {"content", content},
-                        {"stop_reason", stop_reason(stats_, final_)},
-                        {"stop_sequence", nullptr},
-                        {"usage", usage(stats_)}};
-            return dump_json(out);
+            ojson out = {{"id", id_},
+                         {"type", "message"},
+                         {"role", "assistant"},
+                         {"model", parsed_->model},
+                         {"content", content},
+                         {"stop_reason", stop_reason(stats_, final_)},
+                         {"stop_sequence", ojson::parse(stop_sequence(stats_).dump())},
+                         {"usage", ojson::parse(usage(stats_).dump())}};
+            return out.dump(-1, ' ', false, ojson::error_handler_t::replace);
         }
-        std::string out = sse_event(
-            "message_delta",
-            json{{"type", "message_delta"},
-                 {"delta",
-                  {{"stop_reason", stop_reason(stats_, final_)}, {"stop_sequence", nullptr}}},
-                 {"usage", usage(stats_)}});
+        std::string out =
+            sse_event("message_delta", json{{"type", "message_delta"},
+                                            {"delta",
+                                             {{"stop_reason", stop_reason(stats_, final_)},
+                                              {"stop_sequence", stop_sequence(stats_)}}},
+                                            {"usage", usage(stats_)}});
         return out + sse_event("message_stop", json{{"type", "message_stop"}});
     }
 

@@ -16,7 +16,8 @@
 namespace skippy::server {
 
 // Throws ApiError (400, naming the Anthropic field) for input that cannot be honoured.
-nlohmann::json anthropic_to_chat(const nlohmann::json& body);
+// `ordered`: the same body parsed with its object keys in order (tool_use inputs keep it).
+nlohmann::json anthropic_to_chat(const nlohmann::json& body, const nlohmann::ordered_json& ordered);
 
 std::string anthropic_error_type(int status);
 nlohmann::json anthropic_error(int status, const std::string& message);

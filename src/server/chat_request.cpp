@@ -41,12 +41,12 @@ std::string text_content(const json& content, const std::string& where) {
             throw invalid_request(where +
                                       " parts must be {type: 'text', text} (images, audio "
                                       "and files are not supported)",
-                                  where + "[" + std::to_string(i) + "]");
+                                  where);
         }
         if (!out.empty()) {
             out += "\n";
         }
-        out += checked_text(part["text"], where + "[" + std::to_string(i) + "].text");
+        out += checked_text(part["text"], where);
     }
     return out;
 }

@@ -460,7 +460,9 @@ void HttpServer::Impl::handle_anthropic(const httplib::Request& req, httplib::Re
     auto parsed = std::make_shared<ParsedRequest>();
     try {
         const auto parse_start = std::chrono::steady_clock::now();
-        *parsed = parser.parse(Endpoint::ChatCompletions, anthropic_to_chat(parse_body(req.body)));
+        const json body = parse_body(req.body);
+        *parsed = parser.parse(Endpoint::ChatCompletions,
+                               anthropic_to_chat(body, nlohmann::ordered_json::parse(req.body)));
         parsed->parse_ms = std::chrono::duration<double, std::milli>(
                                std::chrono::steady_clock::now() - parse_start)
                                .count();
@@ -481,7 +483,8 @@ void HttpServer::Impl::handle_anthropic_count(const httplib::Request& req, httpl
             body["max_tokens"] = 1;
         }
         const ParsedRequest parsed =
-            parser.parse(Endpoint::ChatCompletions, anthropic_to_chat(body));
+            parser.parse(Endpoint::ChatCompletions,
+                         anthropic_to_chat(body, nlohmann::ordered_json::parse(req.body)));
         res.set_content(dump_json(json{{"input_tokens", parsed.generation.prompt.size()}}),
                         "application/json");
     } catch (const ApiError& e) {

@@ -61,7 +61,6 @@ json responses_to_chat(const json& body) {
                                  {"text", FieldUse::Honored},
                                  {"reasoning", FieldUse::Honored},
                                  {"prompt_cache_key", FieldUse::Honored},
-                                 {"top_logprobs", FieldUse::Honored},
                                  {"truncation", FieldUse::Honored},
                                  {"store", FieldUse::Ignored},
                                  {"include", FieldUse::Ignored},
@@ -80,10 +79,6 @@ json responses_to_chat(const json& body) {
     }
     if (const json* v = find_field(body, "max_output_tokens")) {
         chat["max_tokens"] = *v;
-    }
-    if (const json* v = find_field(body, "top_logprobs")) {
-        chat["logprobs"] = true;
-        chat["top_logprobs"] = *v;
     }
     if (const json* t = find_field(body, "truncation"); t != nullptr && *t != "disabled") {
         throw invalid_request("only truncation 'disabled' is supported", "truncation");

@@ -421,6 +421,7 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
     const auto& preserved = slot.request.preserved_tokens;
     const bool special = std::binary_search(preserved.begin(), preserved.end(), token);
     if (slot.output->append(model_.token_to_piece(token, special))) {
+        slot.stats.stop_sequence = slot.output->matched_stop();
         finish_slot(slot, "stop");
         return;
     }

@@ -325,9 +325,8 @@ void check_schema_wellformed(const json& schema, const std::string& param) {
     }
     constexpr size_t kMaxDepth = 128;
     if (json_depth(schema, kMaxDepth + 1) > kMaxDepth) {
-        throw invalid_request("'" + param + "' nests deeper than " + std::to_string(kMaxDepth) +
-                                  " levels",
-                              param);
+        throw invalid_request(
+            "'" + param + "' nests deeper than " + std::to_string(kMaxDepth) + " levels", param);
     }
     if (const auto it = schema.find("type"); it != schema.end()) {
         const auto valid_type = [](const json& t) {

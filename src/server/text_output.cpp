@@ -24,6 +24,7 @@ bool TextOutput::append(std::string_view piece) {
         const size_t found = text_.find(stop, search_from);
         if (found != std::string::npos && found < best) {
             best = found;
+            matched_stop_ = stop;
         }
     }
     if (best != std::string::npos) {

@@ -21,11 +21,14 @@ class TextOutput {
     // Everything not sent yet (at the end of generation).
     std::string take_rest();
     const std::string& text() const { return text_; }
+    // The stop string that ended the text ("" when none did).
+    const std::string& matched_stop() const { return matched_stop_; }
 
   private:
     std::vector<std::string> stop_strings_;
     size_t max_stop_len_ = 0;
     std::string text_;
+    std::string matched_stop_;
     size_t sent_ = 0;
 };
 

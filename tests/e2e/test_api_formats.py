@@ -54,6 +54,12 @@ class ApiFormatsTest(unittest.TestCase):
         u = resp["usage"]
         self.assertLessEqual(u["output_tokens"], 6)
         self.assertGreater(u["input_tokens"] + u["cache_read_input_tokens"], 0)
+        # A stop sequence reports itself (greedy output of this model contains an "e").
+        status, resp = self.server.post_json("/v1/messages", {
+            "model": "claude-3-5-sonnet", "max_tokens": 40, "temperature": 0,
+            "stop_sequences": ["e"], "messages": [{"role": "user", "content": "Hello"}]})
+        self.assertEqual((resp["stop_reason"], resp["stop_sequence"]), ("stop_sequence", "e"))
+        self.assertNotIn("e", resp["content"][0]["text"])
 
     def test_messages_tool_use_streamed(self):
         body = {"model": "claude-3-5-sonnet", "max_tokens": 300, "temperature": 0,
