@@ -19,6 +19,7 @@
 #include "server/json_fields.h"
 #include "server/responses_api.h"
 #include "server/text_output.h"
+#include "server/token_endpoints.h"
 
 namespace skippy::server {
 
@@ -526,36 +527,9 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, httplib::Re
 
 void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
     try {
-        const json body = parse_body(req.body);
-        if (!body.is_object()) {
-            throw invalid_request("request body must be a JSON object");
-        }
-        reject_unknown_fields(body, {{"content", FieldUse::Honored},
-                                     {"add_special", FieldUse::Honored},
-                                     {"parse_special", FieldUse::Honored},
-                                     {"with_pieces", FieldUse::Honored},
-                                     {"model", FieldUse::Ignored}});
-        const json* content = find_field(body, "content");
-        if (content == nullptr) {
-            throw invalid_request("'content' is required", "content");
-        }
-        const std::string text = checked_text(*content, "content");
-        if (text.size() > options.max_body_bytes) {
-            throw invalid_request("'content' is too long", "content");
-        }
-        const auto& model = parser.model();
-        const auto tokens = model.tokenize(text, bool_field(body, "add_special", false),
-                                           bool_field(body, "parse_special", true));
-        json out = json::array();
-        if (bool_field(body, "with_pieces", false)) {
-            for (const auto t : tokens) {
-                out.push_back(
-                    json{{"id", t}, {"piece", as_sent_utf8(model.token_to_piece(t, true))}});
-            }
-        } else {
-            out = tokens;
-        }
-        res.set_content(dump_json(json{{"tokens", out}}), "application/json");
+        res.set_content(dump_json(tokenize_response(parser.model(), parse_body(req.body),
+                                                    options.max_body_bytes)),
+                        "application/json");
     } catch (const ApiError& e) {
         send_error(res, e);
     }
@@ -563,28 +537,7 @@ void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Res
 
 void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
     try {
-        const json body = parse_body(req.body);
-        if (!body.is_object()) {
-            throw invalid_request("request body must be a JSON object");
-        }
-        reject_unknown_fields(body, {{"tokens", FieldUse::Honored}, {"model", FieldUse::Ignored}});
-        const json* tokens = find_field(body, "tokens");
-        if (tokens == nullptr || !tokens->is_array()) {
-            throw invalid_request("'tokens' is required and must be an array of token ids",
-                                  "tokens");
-        }
-        const auto& model = parser.model();
-        std::vector<runtime::Token> ids;
-        for (const auto& t : *tokens) {
-            if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-                t.get<int64_t>() >= model.n_vocab()) {
-                throw invalid_request("token id " + t.dump() + " is outside the vocabulary (0.." +
-                                          std::to_string(model.n_vocab() - 1) + ")",
-                                      "tokens");
-            }
-            ids.push_back(static_cast<runtime::Token>(t.get<int64_t>()));
-        }
-        res.set_content(dump_json(json{{"content", model.detokenize(ids, true)}}),
+        res.set_content(dump_json(detokenize_response(parser.model(), parse_body(req.body))),
                         "application/json");
     } catch (const ApiError& e) {
         send_error(res, e);
