@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -323,6 +324,24 @@ void HttpServer::Impl::setup() {
                                 {"max_model_len", parser.n_ctx()}});
         }
         res.set_content(dump_json(json{{"object", "list"}, {"data", data}}), "application/json");
+    });
+    server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+        const std::string id = req.matches[1];
+        const auto& ids = parser.model_ids();
+        const bool served = std::find(ids.begin(), ids.end(), id) != ids.end() ||
+                            std::find(ids.begin(), ids.end(), "*") != ids.end();
+        if (!served || id == "*") {
+            send_error(res, 404, "invalid_request_error", "The model '" + id + "' does not exist",
+                       "model", "model_not_found");
+            return;
+        }
+        res.set_content(dump_json(json{{"id", id},
+                                       {"object", "model"},
+                                       {"created", static_cast<int64_t>(started)},
+                                       {"owned_by", "skippy"},
+                                       {"context_length", parser.n_ctx()},
+                                       {"max_model_len", parser.n_ctx()}}),
+                        "application/json");
     });
     server.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
         handle_anthropic(req, res);

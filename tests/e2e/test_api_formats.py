@@ -194,6 +194,10 @@ class ApiFormatsTest(unittest.TestCase):
         self.assertEqual([m["id"] for m in models["data"]], ["gpt-4o", "claude-3-5-sonnet"])
         for m in models["data"]:
             self.assertEqual(m["context_length"], 4096)
+        status, one = self.server.get_json("/v1/models/claude-3-5-sonnet")
+        self.assertEqual((status, one["id"], one["context_length"]), (200, "claude-3-5-sonnet", 4096))
+        status, _ = self.server.get_json("/v1/models/gpt-5")
+        self.assertEqual(status, 404)
         status, resp = self.server.post_json("/v1/chat/completions", h.chat(
             [{"role": "user", "content": "x"}], model="claude-3-5-sonnet", max_tokens=1))
         self.assertEqual(status, 200)
