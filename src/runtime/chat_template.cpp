@@ -90,6 +90,19 @@ std::string single_call(const std::string& grammar) {
     return out;
 }
 
+// "root ::= LITERAL rest" -> "root ::= rest".
+std::string without_root_literal(const std::string& grammar, const std::string& literal) {
+    const std::string head = "root ::= " + literal + " ";
+    const size_t at = grammar.rfind("\nroot ::= ", grammar.size());
+    const size_t begin = grammar.compare(0, head.size(), head) == 0 ? 0
+                         : at == std::string::npos                    ? std::string::npos
+                                                                      : at + 1;
+    if (begin == std::string::npos || grammar.compare(begin, head.size(), head) != 0) {
+        return grammar;
+    }
+    return grammar.substr(0, begin) + "root ::= " + grammar.substr(begin + head.size());
+}
+
 std::vector<Token> single_token(const llama_vocab* vocab, const std::string& text) {
     return common_tokenize(vocab, text, false, true);
 }
@@ -261,7 +274,16 @@ ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages, const C
         out.grammar_lazy = false;
     }
     if (!out.grammar.empty() && !out.grammar_lazy && !constrained.generation_prompt.empty()) {
-        // As common_sampler_init: the grammar starts with the generation prompt.
+        // The grammar starts with the generation prompt, which the prompt already ends with.
+        // When the root opens with it as one literal, the literal goes (nothing to prefill,
+        // whatever the tokenizer); otherwise its tokens are accepted first, as
+        // common_sampler_init does.
+        out.grammar = without_root_literal(out.grammar,
+                                           gbnf_format_literal(constrained.generation_prompt));
+    }
+    if (!out.grammar.empty() && !out.grammar_lazy && !constrained.generation_prompt.empty() &&
+        out.grammar.find("root ::= " + gbnf_format_literal(constrained.generation_prompt)) !=
+            std::string::npos) {
         const auto tokens = common_tokenize(vocab, constrained.generation_prompt, false, true);
         for (size_t i = 0; i < tokens.size(); ++i) {
             const std::string piece = common_token_to_piece(vocab, tokens[i], true);

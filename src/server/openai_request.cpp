@@ -319,6 +319,18 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         runtime::ChatPrompt p =
             chat_template_.apply(messages, options.context, options.constraints);
         prompt = std::move(p.prompt);
+        // A promise the format cannot keep is refused, not dropped.
+        if (p.grammar.empty() && options.tools_active &&
+            options.constraints.tool_choice == runtime::ToolChoice::Required) {
+            throw invalid_request("the model's chat template cannot constrain tool calls: "
+                                  "tool_choice 'required' or a named function is not available",
+                                  "tool_choice");
+        }
+        if (p.grammar.empty() && !options.constraints.json_schema.empty()) {
+            throw invalid_request("the model's chat template cannot constrain the output to "
+                                  "'response_format'",
+                                  "response_format");
+        }
         if (!p.grammar.empty()) {
             auto& s = gen.sampling;
             s.grammar = std::move(p.grammar);

@@ -354,6 +354,16 @@ class NoToolTemplateTest(unittest.TestCase):
             status, resp = server.post_json("/v1/chat/completions", tool_chat())
             self.assertEqual(status, 400, resp)
             self.assertEqual(resp["error"]["param"], "tools")
+            # response_format works on any template and tokenizer (here SentencePiece).
+            schema = {"type": "object", "properties": {"a": {"type": "boolean"}},
+                      "required": ["a"], "additionalProperties": False}
+            status, resp = server.post_json("/v1/chat/completions", {
+                "messages": ASK, "temperature": 0, "max_tokens": 100,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "a",
+                                                                           "schema": schema}}})
+            self.assertEqual(status, 200, resp)
+            self.assertTrue(validate(json.loads(resp["choices"][0]["message"]["content"]),
+                                     schema))
 
 
 if __name__ == "__main__":

@@ -97,7 +97,9 @@ TEST(ToolChat, RequiredGrammarAllowsNoTextAndNamedKnowsOnlyItsTool) {
     EXPECT_FALSE(required.grammar_lazy);
     const auto root = required.grammar.substr(required.grammar.find("root ::="));
     EXPECT_EQ(root.substr(0, root.find('\n')).find("until-"), std::string::npos) << root;
-    EXPECT_FALSE(required.grammar_prefill.empty());  // the generation prompt
+    // The generation prompt (already at the end of the prompt) is not in the grammar.
+    EXPECT_EQ(root.find("<|im_start|>"), std::string::npos) << root;
+    EXPECT_TRUE(required.grammar_prefill.empty());
     EXPECT_NE(required.grammar.find("tool-search"), std::string::npos);
 
     c.forced_tool = "get_weather";
