@@ -1,5 +1,5 @@
-"""What the benchmark runs: model shapes and workload sizes for the full run and for the
---quick smoke run. Pure data; change sizes here, not in the workload code."""
+"""What the benchmark runs: model shapes and workload sizes per profile (full, quick,
+realistic). Pure data; change sizes here, not in the workload code."""
 
 # Random-weight models written by `skippy make-model` (real 32k llama-spm tokenizer, ChatML
 # template). Full-size models are ~50-60M parameters, half of them in the 32k-vocabulary
@@ -22,44 +22,111 @@ MODELS = {
         "mamba2": ["--arch", "mamba2", "--layers", "2", "--embd", "128",
                    "--ctx", "2048", "--seed", "7"],
     },
+    # Shapes of real small models (random weights, f16 matrices: make-model writes f32 or
+    # f16 only, no quantized types). Only with --profile realistic, never in the default run.
+    "realistic": {
+        # Llama-3.2-1B-like dense: 16 layers, embd 2048, 32 heads / 8 KV, ffn 8192.
+        "llama": ["--arch", "llama", "--layers", "16", "--embd", "2048", "--heads", "32",
+                  "--heads-kv", "8", "--ffn", "8192", "--ctx", "16384", "--f16",
+                  "--seed", "7"],
+        # Qwen3.5-0.8B-like hybrid: 24 layers (make-model's qwen35 puts full attention on
+        # every 4th), embd 1024, ffn 3584, 16 heads / 4 KV (its 4:1 grouping; make-model
+        # derives the head size from embd / heads).
+        "qwen35": ["--arch", "qwen35", "--layers", "24", "--embd", "1024", "--heads", "16",
+                   "--heads-kv", "4", "--ffn", "3584", "--ctx", "16384", "--f16",
+                   "--seed", "7"],
+    },
 }
 
 FAMILY = {"llama": "dense", "qwen35": "hybrid", "mamba2": "recurrent"}
 
 # Workload sizes. Token counts are exact for token-id prompts (family, concurrency, cold) and
-# fitted with llama-server's /tokenize for text (chat, agent). *_deadline_s bound one run of
-# one workload on one server; requests also have their own timeout.
+# fitted with llama-server's /tokenize for text (chat, multisession, agent, agent_edits).
+# lane_ctx: KV cells per lane; both servers get -c / --ctx-size = lanes x lane_ctx (a
+# workload's own lane_ctx overrides the profile's). *deadline_s bound one run of one
+# workload on one server; requests also have their own timeout.
 PROFILES = {
     "full": {
         "rounds": 2,                 # ABAB...: each workload alternates servers this many times
-        "ctx": 16384,                # --ctx-size / -c for every server start
+        "lane_ctx": 16384,
         "request_timeout_s": 300,
         "family": {"prefixes": [128, 1024, 4096], "reps": 10, "deadline_s": 420},
         "chat": {"conversations": 8, "turns": 6, "system_tokens": 1024,
                  "user_tokens": [40, 80], "max_tokens": 8, "lanes": 1, "deadline_s": 420},
+        "multisession": {"conversations": 16, "turns": 6, "system_tokens": 1024,
+                         "user_tokens": [40, 80], "max_tokens": 8, "lanes": 2, "clients": 1,
+                         "lane_ctx": 4096, "deadline_s": 600},
         "agent": {"system_tokens": 600, "task_tokens": 60, "append_tokens": [200, 500],
                   "max_context": 8192, "max_turns": 40, "max_tokens": 16, "lanes": 1,
                   "deadline_s": 480},
-        "concurrency": {"clients": 8, "requests_per_client": 3, "lanes": 8,
+        "agent_edits": {"system_tokens": 600, "task_tokens": 60, "append_tokens": [200, 500],
+                        "reasoning_tokens": [60, 120], "truncated_tokens": 40,
+                        "max_context": 8192, "max_turns": 30, "max_tokens": 16, "lanes": 1,
+                        "deadline_s": 480},
+        "concurrency": {"clients": 8, "requests_per_client": 3, "lanes": 8, "lane_ctx": 2048,
                         "shared_prefix_tokens": 512, "suffix_tokens": [64, 192],
                         "unique_tokens": [256, 640], "max_tokens": 32, "deadline_s": 300},
         "cold": {"prompts": 8, "prompt_tokens": 1024, "max_tokens": 8, "deadline_s": 240},
+        "restart": {"prefix_tokens": 4096, "reps": 3, "lane_ctx": 8192, "deadline_s": 300},
     },
     "quick": {
         "rounds": 2,
-        "ctx": 2048,
+        "lane_ctx": 2048,
         "request_timeout_s": 60,
         "family": {"prefixes": [128, 512], "reps": 3, "deadline_s": 60},
         "chat": {"conversations": 3, "turns": 3, "system_tokens": 128,
                  "user_tokens": [10, 20], "max_tokens": 4, "lanes": 1, "deadline_s": 60},
+        "multisession": {"conversations": 3, "turns": 3, "system_tokens": 128,
+                         "user_tokens": [10, 20], "max_tokens": 4, "lanes": 2, "clients": 1,
+                         "lane_ctx": 1024, "deadline_s": 60},
         "agent": {"system_tokens": 64, "task_tokens": 16, "append_tokens": [40, 80],
                   "max_context": 512, "max_turns": 12, "max_tokens": 4, "lanes": 1,
                   "deadline_s": 60},
-        "concurrency": {"clients": 4, "requests_per_client": 2, "lanes": 4,
+        "agent_edits": {"system_tokens": 64, "task_tokens": 16, "append_tokens": [40, 80],
+                        "reasoning_tokens": [10, 20], "truncated_tokens": 8,
+                        "max_context": 1024, "max_turns": 7, "max_tokens": 4, "lanes": 1,
+                        "deadline_s": 60},
+        "concurrency": {"clients": 4, "requests_per_client": 2, "lanes": 4, "lane_ctx": 512,
                         "shared_prefix_tokens": 48, "suffix_tokens": [8, 24],
                         "unique_tokens": [32, 64], "max_tokens": 8, "deadline_s": 60},
         "cold": {"prompts": 3, "prompt_tokens": 96, "max_tokens": 4, "deadline_s": 60},
+        "restart": {"prefix_tokens": 256, "reps": 2, "lane_ctx": 1024, "deadline_s": 60},
+    },
+    # Real-model shapes (~0.45B and ~1.1B parameters with the 32k vocabulary, f16) are
+    # 10-100x slower per token than the full profile's models (measured on 2 cores: a cold
+    # 512-token prompt ~2.3 s on the qwen35 shape, a cold 1024-token prompt ~25-35 s on the
+    # llama shape): fewer repetitions and conversations, shorter contexts, long deadlines.
+    # About an hour for both models on 2 cores, most of it the dense model.
+    "realistic": {
+        "rounds": 2,
+        "lane_ctx": 8192,
+        "request_timeout_s": 600,
+        "family": {"prefixes": [128, 1024, 4096], "reps": 3, "deadline_s": 900},
+        "chat": {"conversations": 4, "turns": 4, "system_tokens": 1024,
+                 "user_tokens": [40, 80], "max_tokens": 8, "lanes": 1, "deadline_s": 900},
+        "multisession": {"conversations": 6, "turns": 4, "system_tokens": 512,
+                         "user_tokens": [40, 80], "max_tokens": 8, "lanes": 2, "clients": 1,
+                         "lane_ctx": 4096, "deadline_s": 900},
+        "agent": {"system_tokens": 600, "task_tokens": 60, "append_tokens": [200, 500],
+                  "max_context": 3072, "max_turns": 16, "max_tokens": 8, "lanes": 1,
+                  "deadline_s": 900},
+        "agent_edits": {"system_tokens": 600, "task_tokens": 60, "append_tokens": [200, 500],
+                        "reasoning_tokens": [60, 120], "truncated_tokens": 40,
+                        "max_context": 3072, "max_turns": 16, "max_tokens": 8, "lanes": 1,
+                        "deadline_s": 900},
+        "concurrency": {"clients": 4, "requests_per_client": 2, "lanes": 4, "lane_ctx": 2048,
+                        "shared_prefix_tokens": 512, "suffix_tokens": [32, 96],
+                        "unique_tokens": [128, 320], "max_tokens": 16, "deadline_s": 900},
+        "cold": {"prompts": 3, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
+        "restart": {"prefix_tokens": 2048, "reps": 2, "lane_ctx": 4096, "deadline_s": 900},
     },
 }
 
-WORKLOADS = ["family", "chat", "agent", "concurrency", "cold"]
+WORKLOADS = ["family", "chat", "multisession", "agent", "agent_edits", "concurrency", "cold",
+             "restart"]
+
+# skippy's flags that the harness names, in one place (the lead may rename them).
+SKIPPY_FLASH_ATTN_ARGS = ["--flash-attn", "on"]   # only passed when --flash-attn is asked for
+SKIPPY_CACHE_MODE_FLAG = "--cache-mode"
+SKIPPY_CACHE_OFF = "off"
+SKIPPY_CACHE_PAYLOAD_FLAG = "--cache-payload"  # not passed by default: skippy picks its payload

@@ -82,7 +82,8 @@ def draw(results, out_dir):
         fig.savefig(os.path.join(out_dir, "family_ratio.png"), dpi=110)
         plt.close(fig)
         made["family"] = "family_ratio.png"
-    for name, xlabel in (("chat", "turn"), ("agent", "prompt tokens")):
+    for name, xlabel in (("chat", "turn"), ("multisession", "turn"), ("agent", "prompt tokens"),
+                         ("agent_edits", "turn")):
         with_w = {n: m for n, m in models.items() if _workload(m, name)}
         if not with_w:
             continue
@@ -97,7 +98,7 @@ def draw(results, out_dir):
                 for turn, _, tokens, _, _ in turn_series(w, variant):
                     if tokens is not None:
                         tokens_at.setdefault(turn, tokens)
-            by_turn = name == "chat" or any(
+            by_turn = name != "agent" or any(
                 t not in tokens_at for v in w["summary"]["by_group"] for t, *_ in turn_series(w, v))
             for variant in w["summary"]["by_group"]:
                 series = [s for s in turn_series(w, variant) if s[1] is not None]
@@ -114,8 +115,9 @@ def draw(results, out_dir):
             ax.set_yscale("log")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle("Multi-turn chat: TTFT per turn" if name == "chat"
-                     else "Agent loop: TTFT per turn")
+        fig.suptitle({"chat": "Multi-turn chat", "multisession": "Multi-session (more "
+                      "conversations than lanes)", "agent": "Agent loop",
+                      "agent_edits": "Agent with history edits"}[name] + ": TTFT per turn")
         fig.tight_layout()
         fname = f"{name}_ttft.png"
         fig.savefig(os.path.join(out_dir, fname), dpi=110)

@@ -1,7 +1,7 @@
 """Results output: the JSON file and the Markdown report (the PNGs are drawn by plots.py)."""
 import json
 
-from . import stats
+from . import stats, table
 
 RATIO_NOTE = ("Ratios are skippy / llama-server (for the cold path also skippy / skippy-off): "
               "below 1.00 skippy is faster, above 1.00 slower.")
@@ -59,19 +59,37 @@ def overview(model_result):
     return out
 
 
+MODE_NOTE = {
+    "defaults": "llama-server mode `defaults`: each server as its users run it, with only the "
+                "model, lanes / `--parallel`, the context (lanes x per-lane cells, the same KV "
+                "memory on both) and the threads set; everything else is each server's "
+                "default (llama-server: flash attention auto, `--cache-ram`, context "
+                "checkpoints, per-slot KV).",
+    "equal": "llama-server mode `equal`: the same settings on both servers (decode batch, "
+             "flash attention off unless asked, llama-server `--kv-unified`).",
+}
+
+
 def markdown(results, plots):
     meta = results["meta"]
+    mode = meta.get("llama_mode", "equal")
     out = [f"# skippy benchmark ({meta['mode']})\n",
            f"Run {meta['started']}, {meta['duration_s'] / 60:.1f} min. {meta['machine']}. "
            f"Servers started one at a time, `--threads {meta['threads']}`, "
            f"{meta['rounds']} rounds per workload in ABAB order (a fresh server per run), "
-           f"ctx {meta['ctx']} KV cells, greedy (temperature 0), streaming; TTFT is measured "
+           f"{meta.get('lane_ctx', meta.get('ctx'))} KV cells per lane unless the workload "
+           f"says otherwise, greedy (temperature 0), streaming; TTFT is measured "
            f"by the client at the first chunk carrying generated text.\n",
+           MODE_NOTE.get(mode, mode) + "\n",
            f"- skippy: `{meta['skippy']}` ({meta['skippy_note']})",
            f"- llama-server: `{meta['llama_server']}` ({meta['llama_version']})",
            f"- repo: {meta['git']}",
            f"- command: `{meta['command']}`\n",
            RATIO_NOTE + "\n"]
+    if results.get("summary"):
+        out.append("## Summary\n")
+        out.append(table.markdown_table(results))
+        out.append(" ".join(table.describe_run(results)[2:]) + "\n")
     if results.get("errors"):
         out.append("**Errors during the run:**\n")
         out += [f"- {e}" for e in results["errors"]]
@@ -84,6 +102,7 @@ def markdown(results, plots):
                    "UTF-8 byte. The error arrives when the first token is ready, so these "
                    "requests count for TTFT only (column rej).\n")
 
+    out += _commands_section(results)
     out.append("## Models\n")
     out.append(_table(["model", "family", "params", "make-model command"],
                       [[name, m["family"], m.get("params") or "–", f"`{m['command']}`"]
@@ -105,7 +124,10 @@ def markdown(results, plots):
                "two servers produced different text; skippy-internal: skippy disagreed with "
                "itself across rounds or cache modes (the cache must never change output). "
                "Mismatches in chat and agent cascade: a different reply changes every later "
-               "prompt of that conversation.\n")
+               "prompt of that conversation. In the `defaults` mode the servers do not "
+               "compute alike (llama-server's flash attention is auto, i.e. on for these "
+               "models; batch sizes differ), so random weights' near-tied greedy tokens can "
+               "differ between them; skippy-internal must be 0 in every mode.\n")
 
     out.append("## Overview (all workloads)\n")
     out.append("Family table rows use warm hits only. gen tok/s is per request "
@@ -132,7 +154,10 @@ def markdown(results, plots):
 
     out += _family_section(results, plots)
     out += _turns_section(results, plots, "chat", "2. Multi-turn chat")
+    out += _turns_section(results, plots, "multisession", "2b. Multi-session (more "
+                          "conversations than lanes)")
     out += _turns_section(results, plots, "agent", "3. Agent loop")
+    out += _turns_section(results, plots, "agent_edits", "3b. Agent with history edits")
     out += _concurrency_section(results)
     out += _cold_section(results)
     out += _cache_metrics_section(results)
@@ -183,18 +208,32 @@ def turn_series(workload, variant):
     return sorted(rows)
 
 
+TURN_NOTES = {
+    "chat": "Interleaved conversations sharing one system prompt; TTFT median per turn "
+            "over conversations and rounds.\n",
+    "multisession": "More conversations than lanes, round-robin, sent by as many concurrent "
+                    "clients as lanes, all sharing one system prompt; TTFT median per turn "
+                    "over conversations and rounds. Headline: turns >= 2.\n",
+    "agent": "One growing context; each turn appends the reply and a tool result. "
+             "TTFT median per turn over rounds.\n",
+    "agent_edits": "An agent loop whose client edits its history: before some turns it "
+                   "replaces the tool result of 3 turns ago with a truncated stub "
+                   "(rewrite_tool), before others it drops the reasoning text of older "
+                   "assistant turns (drop_reasoning). TTFT median per turn over rounds.\n",
+}
+
+
 def _turns_section(results, plots, name, heading):
-    out = [f"## {heading}\n"]
-    if name == "chat":
-        out.append("Interleaved conversations sharing one system prompt; TTFT median per turn "
-                   "over conversations and rounds.\n")
-    else:
-        out.append("One growing context; each turn appends the reply and a tool result. "
-                   "TTFT median per turn over rounds.\n")
+    if not any(_workload(m, name) for m in results["models"].values()):
+        return []
+    out = [f"## {heading}\n", TURN_NOTES[name]]
     for mname, m in results["models"].items():
         w = _workload(m, name)
         if not w:
             continue
+        if name == "agent_edits":
+            out.append(f"**{mname}** ({m['family']}) by edit kind\n")
+            out.append(_by_edit_table(w))
         s = {t: (ttft, pt, c, n) for t, ttft, pt, c, n in turn_series(w, "skippy")}
         l = {t: (ttft, pt, c, n) for t, ttft, pt, c, n in turn_series(w, "llama-server")}
         rows = []
@@ -202,11 +241,54 @@ def _turns_section(results, plots, name, heading):
             st, lt = s.get(t, (None,) * 4), l.get(t, (None,) * 4)
             rows.append([t, _n(st[1] if st[1] is not None else lt[1]), _ms(st[0]), _ms(lt[0]),
                          _x(stats.ratio(st[0], lt[0])), _n(st[2]), _n(lt[2])])
+        edits = {}
+        for run in w["runs"]:
+            for r in run["records"]:
+                if r.get("edit"):
+                    edits[r["turn"]] = r["edit"]
+        if edits:
+            rows = [row + [edits.get(row[0], "")] for row in rows]
         out.append(f"**{mname}** ({m['family']})\n")
         out.append(_table(["turn", "prompt tokens", "skippy TTFT p50 ms", "llama TTFT p50 ms",
-                           "ratio", "skippy cached", "llama cached"], rows))
+                           "ratio", "skippy cached", "llama cached"] + (["edit"] if edits else []),
+                          rows))
     if plots.get(name):
         out.append(f"![{name} TTFT per turn]({plots[name]})\n")
+    return out
+
+
+def _by_edit_table(w):
+    g = w["summary"].get("by_edit", {})
+    s, l = g.get("skippy", {}), g.get("llama-server", {})
+    rows = []
+    for kind in ("append", "rewrite_tool", "drop_reasoning"):
+        a, b = s.get(kind, {}), l.get(kind, {})
+        if not a and not b:
+            continue
+        rows.append([kind, a.get("n", 0), _ms(a.get("ttft_p50_ms")), _ms(b.get("ttft_p50_ms")),
+                     _x(stats.ratio(a.get("ttft_p50_ms"), b.get("ttft_p50_ms"))),
+                     _n(a.get("prompt_tokens_mean")), _n(a.get("cached_tokens_mean")),
+                     _n(b.get("cached_tokens_mean"))])
+    return _table(["edit", "n", "skippy TTFT p50 ms", "llama TTFT p50 ms", "ratio",
+                   "prompt tokens", "skippy cached", "llama cached"], rows)
+
+
+def _commands_section(results):
+    """The exact server command lines of every workload (first model; the others differ only
+    in the model path)."""
+    out = ["## Server command lines\n",
+           "Exact argv of the first round of each workload, first model (the other models "
+           "differ only in `--model` / `-m`; skippy picks its port, `--port 0`).\n"]
+    shown = False
+    for mname, m in results["models"].items():
+        for wname, w in m.get("workloads", {}).items():
+            for variant, cmd in (w.get("commands") or {}).items():
+                out.append(f"- {wname}, {variant}: `{cmd}`")
+                shown = True
+        break
+    if not shown:
+        return []
+    out.append("")
     return out
 
 

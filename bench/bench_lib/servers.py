@@ -10,9 +10,13 @@ import http.client
 import json
 import re
 import socket
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
+
+from . import config
 
 HOST = "127.0.0.1"  # loopback only, by design
 
@@ -36,19 +40,32 @@ class Variant:
     label: str                       # "skippy", "llama-server", "skippy-off", ...
     kind: str                        # "skippy" | "llama"
     lanes: int
-    cache_mode: str = "lookup-record"  # skippy only
+    cache_mode: str = None           # skippy only; None = skippy's default (not passed)
 
     @property
     def is_skippy(self):
         return self.kind == "skippy"
 
 
+LLAMA_MODES = ("defaults", "equal")
+
+
 @dataclasses.dataclass
 class ServerSettings:
-    """Settings shared by every server start of one run (both servers get the same ones)."""
+    """Settings of every server start of one run.
+
+    llama_mode "defaults" (the default): each server as its users run it. Both get only the
+    model, lanes / --parallel, the context (-c = lanes x per-lane cells, so both hold the same
+    KV memory) and the threads; everything else is the server's own default (llama-server:
+    flash attention auto, --cache-ram, context checkpoints, per-slot KV because --parallel is
+    explicit). batch / flash_attn are passed only when the user asks for them.
+
+    llama_mode "equal": the same settings on both (decode batch 512, flash attention off
+    unless asked, llama-server with --kv-unified, skippy with an explicit --cache-mode)."""
     threads: int = 2
-    batch: int = 512
-    flash_attn: bool = False
+    batch: int = None                # None: each server's default ("equal": 512)
+    flash_attn: bool = False         # True: turn it on for both servers
+    llama_mode: str = "defaults"
     # How requests reach llama-server: "openai" = /v1/completions and /v1/chat/completions,
     # like skippy; "native" = its /completion endpoint (chat prompts rendered by the harness).
     llama_api: str = "openai"
@@ -56,26 +73,47 @@ class ServerSettings:
     llama_extra: list = dataclasses.field(default_factory=list)
     ready_timeout: float = 120.0
 
+    @property
+    def equal(self):
+        return self.llama_mode == "equal"
 
-def skippy_argv(bins, settings, variant, model, ctx):
+    def batch_size(self):
+        return self.batch if self.batch else (512 if self.equal else None)
+
+
+def skippy_argv(bins, settings, variant, model, ctx, cache_dir=None):
     argv = [bins.skippy, "serve", "--model", model, "--host", HOST, "--port", "0",
             "--lanes", str(variant.lanes), "--ctx-size", str(ctx),
-            "--threads", str(settings.threads), "--batch-size", str(settings.batch),
-            "--cache-mode", variant.cache_mode]
+            "--threads", str(settings.threads)]
+    # skippy's disk tier is on by default: every run gets a fresh folder (deleted when the
+    # server stops) unless the caller passes one to carry across a restart.
+    if cache_dir:
+        argv += ["--cache-dir", cache_dir]
+    batch = settings.batch_size()
+    if batch:
+        argv += ["--batch-size", str(batch)]
     if settings.flash_attn:
-        argv.append("--flash-attn")
+        argv += list(config.SKIPPY_FLASH_ATTN_ARGS)
+    mode = variant.cache_mode or ("lookup-record" if settings.equal else None)
+    if mode:
+        argv += [config.SKIPPY_CACHE_MODE_FLAG, mode]
     return argv + list(settings.skippy_extra)
 
 
 def llama_argv(bins, settings, variant, model, ctx, port):
-    # --kv-unified: one KV pool shared by all slots, like skippy's lanes (otherwise each of the
-    # N slots would only get ctx/N cells). -b/-ub: same decode batch as skippy's --batch-size.
-    return [bins.llama_server, "-m", model, "--host", HOST, "--port", str(port),
+    argv = [bins.llama_server, "-m", model, "--host", HOST, "--port", str(port),
             "--parallel", str(variant.lanes), "-c", str(ctx),
-            "-t", str(settings.threads), "-tb", str(settings.threads),
-            "-b", str(settings.batch), "-ub", str(settings.batch),
-            "-fa", "on" if settings.flash_attn else "off", "--kv-unified",
-            "--no-webui"] + list(settings.llama_extra)
+            "-t", str(settings.threads), "-tb", str(settings.threads)]
+    batch = settings.batch_size()
+    if batch:
+        argv += ["-b", str(batch), "-ub", str(batch)]
+    if settings.equal:
+        # --kv-unified: one KV pool shared by all slots (otherwise each of the N slots gets
+        # ctx/N cells); -fa fixed instead of llama-server's "auto".
+        argv += ["-fa", "on" if settings.flash_attn else "off", "--kv-unified", "--no-webui"]
+    elif settings.flash_attn:
+        argv += ["-fa", "on"]
+    return argv + list(settings.llama_extra)
 
 
 def free_port():
@@ -96,6 +134,7 @@ class ServerProcess:
         self.proc = None
         self._port_seen = threading.Event()
         self._log_file = None
+        self.owned_dir = None  # a cache folder this process alone uses: deleted at stop
 
     def start(self, ready_timeout):
         self.proc = _spawn(self.argv)
@@ -165,6 +204,9 @@ class ServerProcess:
         if self._log_file:
             self._log_file.close()
             self._log_file = None
+        if self.owned_dir:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
+            self.owned_dir = None
         return self.proc.returncode
 
 
@@ -180,11 +222,16 @@ def _spawn(argv, attempts=15):
             time.sleep(2.0)
 
 
-def start_server(bins, settings, variant, model, ctx, log_path=None):
+def start_server(bins, settings, variant, model, ctx, log_path=None, cache_dir=None):
     """Starts the server for `variant` and waits until /health answers 200."""
     if variant.is_skippy:
-        argv = skippy_argv(bins, settings, variant, model, ctx)
-        return ServerProcess(variant.label, argv, None, log_path).start(settings.ready_timeout)
+        own_dir = None
+        if cache_dir is None:
+            own_dir = cache_dir = tempfile.mkdtemp(prefix="skippy-bench-cache-")
+        argv = skippy_argv(bins, settings, variant, model, ctx, cache_dir)
+        server = ServerProcess(variant.label, argv, None, log_path)
+        server.owned_dir = own_dir
+        return server.start(settings.ready_timeout)
     last_error = None
     for _ in range(3):  # the free port can be taken between probing and binding: retry
         port = free_port()

@@ -1,4 +1,4 @@
-"""The five workloads, and the runner that measures each on alternating servers (ABAB...).
+"""The workloads, and the runner that measures each on alternating servers (ABAB...).
 
 A workload builds its prompts once (deterministically), then `run_once` is called on a fresh
 server for every (round, variant): round 0 skippy, round 0 llama-server, round 1 skippy, ...
@@ -9,9 +9,11 @@ reported (see servers.Timed), plus a stable `key` that names the same prompt on 
 import dataclasses
 import random
 import threading
+import shutil
+import tempfile
 import time
 
-from . import prompts, servers, stats
+from . import config, prompts, servers, stats
 from .servers import Variant
 
 
@@ -92,6 +94,7 @@ def add_ratios(summary, num="skippy", den="llama-server",
 
 
 class Workload:
+    """ctx_size is the KV cells of one lane: servers are started with lanes x ctx_size."""
     name = ""
     title = ""
 
@@ -99,6 +102,9 @@ class Workload:
         self.cfg = cfg
         self.ctx_size = ctx_size
         self.material = {}
+
+    def server_ctx(self, variant):
+        return variant.lanes * self.ctx_size
 
     def build(self, texts):
         """Builds text material (texts: prompts.TextFactory). Token-id workloads need none."""
@@ -112,7 +118,16 @@ class Workload:
 
     def summarize(self, runs):
         summary = summarize_groups(runs)
-        return {"by_group": summary, "ratios": add_ratios(summary)}
+        return {"by_group": summary, "ratios": add_ratios(summary),
+                "headline": headline(runs)}
+
+
+def headline(runs, keep=lambda r: True):
+    """{variant: summary} over the records that make a workload's headline number."""
+    by_variant = {}
+    for run in runs:
+        by_variant.setdefault(run["variant"], []).extend(r for r in run["records"] if keep(r))
+    return {v: stats.summarize(rs) for v, rs in by_variant.items()}
 
 
 class FamilyTable(Workload):
@@ -182,6 +197,82 @@ class MultiTurnChat(Workload):
         return records, {}
 
 
+class MultiSession(Workload):
+    """More conversations than lanes: `conversations` chats of `turns` turns on `lanes` lanes
+    (--parallel), all sharing one system prompt, interleaved round-robin (conversation c's
+    turn t+1 is sent after every conversation's turn t), sent by `clients` concurrent
+    clients in that order. A lane can hold only a few conversations, so from turn 2 on the
+    history must come back from the server's cache (skippy's prefix cache, llama-server's
+    host-RAM prompt cache) or be prefilled again. Headline: median TTFT over turns >= 2."""
+    name = "multisession"
+    title = "Multi-session: more conversations than lanes, round-robin"
+
+    def build(self, texts):
+        c = self.cfg
+        rng = random.Random("multisession")
+        self.material = {
+            "system": texts.text("ms-system", c["system_tokens"]),
+            "users": {(i, t): texts.text(f"ms-user-{i}-{t}", rng.randint(*c["user_tokens"]))
+                      for i in range(c["conversations"]) for t in range(c["turns"])},
+            "replies": {(i, t): texts.text(f"ms-reply-{i}-{t}", 2 * c["max_tokens"])
+                        for i in range(c["conversations"]) for t in range(c["turns"])},
+        }
+
+    def variants(self):
+        return skippy_and_llama(self.cfg["lanes"])
+
+    def run_once(self, client, deadline):
+        c, m = self.cfg, self.material
+        n_conv = c["conversations"]
+        histories = [[{"role": "system", "content": m["system"]}] for _ in range(n_conv)]
+        order = [(i, t) for t in range(c["turns"]) for i in range(n_conv)]
+        done = {key: threading.Event() for key in order}
+        lock = threading.Lock()
+        state = {"next": 0, "truncated": False}
+        records = []
+
+        def worker():
+            while True:
+                with lock:
+                    if state["next"] >= len(order):
+                        return
+                    i, t = order[state["next"]]
+                    state["next"] += 1
+                if t > 0:  # the previous turn of this conversation (long done, normally)
+                    done[(i, t - 1)].wait(max(1.0, deadline.remaining() + 30.0))
+                if deadline.expired():
+                    state["truncated"] = True
+                    return
+                with lock:
+                    messages = histories[i] + [{"role": "user", "content": m["users"][(i, t)]}]
+                r = client.chat(messages, c["max_tokens"])
+                reply = r.text if c["replies"] == "generated" else m["replies"][(i, t)]
+                with lock:
+                    histories[i] = messages + [{"role": "assistant", "content": reply}]
+                    records.append(record(r, key=f"c{i}-t{t + 1}", group=t + 1, conv=i,
+                                          turn=t + 1))
+                done[(i, t)].set()
+
+        threads = [threading.Thread(target=worker, daemon=True)
+                   for _ in range(max(1, c.get("clients", c["lanes"])))]
+        start = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(max(1.0, deadline.remaining() + client.request_timeout))
+        extra = {"wall_s": time.perf_counter() - start,
+                 "truncated": state["truncated"] or any(th.is_alive() for th in threads)
+                 or len(records) < len(order)}
+        records.sort(key=lambda r: (r["turn"], r["conv"]))
+        return records, extra
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        return {"by_group": summary, "ratios": add_ratios(summary),
+                "headline": headline(runs, lambda r: r["turn"] >= 2),
+                "headline_note": "turns >= 2"}
+
+
 class AgentLoop(Workload):
     """One growing context: each turn sends the history, then appends the assistant's tool
     call (scripted, or the server's reply with replies=generated) and a 200-500 token tool
@@ -236,6 +327,109 @@ class AgentLoop(Workload):
                                  "function": {"name": "tool", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": call_id, "content": m["results"][turn]}]
         return records, {}
+
+
+class AgentEdits(Workload):
+    """An agent loop whose client rewrites history, as coding agents do to save context:
+    each assistant turn is reasoning text plus a tool call, each tool result is appended;
+    before some requests the client replaces the tool result from 3 turns ago with a
+    truncated stub ("rewrite_tool"), before others it drops the reasoning text of all but the
+    two latest assistant turns ("drop_reasoning"); other requests only append ("append").
+    An edit changes the prompt in the middle: only the prefix before it can be reused."""
+    name = "agent_edits"
+    title = "Agent with history edits: rewritten tool results, dropped reasoning"
+
+    @staticmethod
+    def edit_at(turn):
+        """The edit made before request `turn` (1-based)."""
+        if turn >= 4 and turn % 3 == 1:
+            return "rewrite_tool"
+        if turn >= 6 and turn % 3 == 0:
+            return "drop_reasoning"
+        return "append"
+
+    def build(self, texts):
+        c = self.cfg
+        rng = random.Random("agent_edits")
+        n = c["max_turns"]
+        sizes = [rng.randint(*c["append_tokens"]) for _ in range(n)]
+        thinking = [rng.randint(*c["reasoning_tokens"]) for _ in range(n)]
+        self.material = {
+            "system": texts.text("ae-system", c["system_tokens"], style="tool"),
+            "task": texts.text("ae-task", c["task_tokens"]),
+            "results": [texts.text(f"ae-result-{i}", k, style="tool")
+                        for i, k in enumerate(sizes)],
+            "result_tokens": sizes,
+            "stubs": [f"[output of this call truncated by the client: {k} tokens]\n"
+                      + texts.text(f"ae-stub-{i}", c["truncated_tokens"], style="tool")
+                      for i, k in enumerate(sizes)],
+            "reasoning": [texts.text(f"ae-think-{i}", k) for i, k in enumerate(thinking)],
+            "reasoning_tokens": thinking,
+            "calls": [texts.text(f"ae-call-{i}", 2 * c["max_tokens"], style="call")
+                      for i in range(n)],
+        }
+        # Measured token counts (a fitted text can overshoot a small target by a piece).
+        count = texts.count_tokens
+        m = self.material
+        m["n"] = {"system": count(m["system"]), "task": count(m["task"]),
+                  "results": [count(t) for t in m["results"]],
+                  "stubs": [count(t) for t in m["stubs"]],
+                  "turns": [count(r + "\n" + cl) for r, cl in zip(m["reasoning"], m["calls"])],
+                  "calls": [count(t) for t in m["calls"]]}
+
+    def variants(self):
+        return skippy_and_llama(self.cfg["lanes"])
+
+    def run_once(self, client, deadline):
+        c, m = self.cfg, self.material
+        cap = min(c["max_context"], self.ctx_size - c["max_tokens"] - 64)
+        messages = [{"role": "system", "content": m["system"]},
+                    {"role": "user", "content": m["task"]}]
+        turn_msgs = []   # per finished turn: (index of assistant message, index of tool message)
+        calls = []       # the call text of each turn's assistant message
+        records = []
+        # Token estimate per message (fitted sizes + template overhead): the same on every
+        # server, so every server stops after the same turn whatever it reports or rejects.
+        overhead = 6  # ChatML: <|im_start|>role\n ... <|im_end|>\n
+        n = m["n"]
+        est = [n["system"] + overhead, n["task"] + overhead]
+        for k in range(1, c["max_turns"] + 1):
+            if deadline.expired():
+                return records, {"truncated": True}
+            edit = self.edit_at(k) if k > 1 else "append"
+            if edit == "rewrite_tool" and k - 3 >= 1:
+                _, tool_idx = turn_msgs[k - 4]
+                messages = list(messages)
+                messages[tool_idx] = {"role": "tool", "content": m["stubs"][k - 4]}
+                est[tool_idx] = n["stubs"][k - 4] + overhead
+            elif edit == "drop_reasoning":
+                messages = list(messages)
+                for j, (asst_idx, _) in enumerate(turn_msgs[:-2]):
+                    messages[asst_idx] = {"role": "assistant", "content": calls[j]}
+                    est[asst_idx] = n["calls"][j] + overhead
+            r = client.chat(messages, c["max_tokens"])
+            records.append(record(r, key=f"turn{k}", group=k, turn=k, edit=edit))
+            if not r.ok and (c["replies"] == "generated" or not r.output_rejected):
+                break
+            call = r.text if c["replies"] == "generated" else m["calls"][k - 1]
+            added = [n["turns"][k - 1] + overhead, n["results"][k - 1] + overhead]
+            # + 16: BOS, the generation prompt, tokens merging across message boundaries
+            if sum(est) + sum(added) + 16 + 2 * c["max_tokens"] > cap or k >= len(m["results"]):
+                break
+            calls.append(call)
+            content = m["reasoning"][k - 1] + "\n" + call
+            messages = messages + [{"role": "assistant", "content": content},
+                                   {"role": "tool", "content": m["results"][k - 1]}]
+            est += added
+            turn_msgs.append((len(messages) - 2, len(messages) - 1))
+        return records, {}
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        by_edit = summarize_groups(runs, group_key=lambda r: r.get("edit", "append"))
+        return {"by_group": summary, "ratios": add_ratios(summary),
+                "by_edit": by_edit, "ratios_by_edit": add_ratios(by_edit),
+                "headline": headline(runs)}
 
 
 class Concurrency(Workload):
@@ -310,7 +504,8 @@ class Concurrency(Workload):
             groups["all"]["throughput_prompt_tps"] = stats.median(ptps)
             summary.setdefault(variant, {})["all"] = groups["all"]
         fields = ("ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "throughput_gen_tps")
-        return {"by_group": summary, "ratios": add_ratios(summary, fields=fields)}
+        return {"by_group": summary, "ratios": add_ratios(summary, fields=fields),
+                "headline": {v: g["all"] for v, g in summary.items() if "all" in g}}
 
 
 class ColdPath(Workload):
@@ -325,8 +520,8 @@ class ColdPath(Workload):
         self.prompts = [prompts.token_prompt(f"cold-{k}", n) for k in range(cfg["prompts"])]
 
     def variants(self):
-        return [Variant("skippy", "skippy", 1, "lookup-record"),
-                Variant("skippy-off", "skippy", 1, "off"),
+        return [Variant("skippy", "skippy", 1),
+                Variant("skippy-off", "skippy", 1, config.SKIPPY_CACHE_OFF),
                 Variant("llama-server", "llama", 1)]
 
     def run_once(self, client, deadline):
@@ -342,10 +537,48 @@ class ColdPath(Workload):
         summary = summarize_groups(runs)
         return {"by_group": summary,
                 "ratios": add_ratios(summary),
-                "ratios_record_overhead": add_ratios(summary, "skippy", "skippy-off")}
+                "ratios_record_overhead": add_ratios(summary, "skippy", "skippy-off"),
+                "headline": headline(runs)}
 
 
-ALL = {w.name: w for w in (FamilyTable, MultiTurnChat, AgentLoop, Concurrency, ColdPath)}
+class Restart(Workload):
+    """A long shared prefix is sent once (cold), the server is stopped and started again,
+    then the prefix comes back with a new last token: skippy restores it from its disk tier
+    (same --cache-dir across the restart), llama-server has to prefill it again (its prompt
+    cache lives in RAM). Headline: the first TTFT after the restart."""
+    name = "restart"
+    title = "Restart: the first request after a server restart, long shared prefix"
+    restarts = True  # _one_run: prepare_once, restart the server (same cache folder), run_once
+
+    def __init__(self, cfg, ctx_size):
+        super().__init__(cfg, ctx_size)
+        p = cfg["prefix_tokens"]
+        self.prefix = prompts.token_prompt(f"restart-{p}", p)
+
+    def prepare_once(self, client, deadline):
+        r = client.completion(self.prefix + [prompts.token_at(0, 1)], 1)
+        return [record(r, key="restart-before", group="cold", phase="cold")]
+
+    def run_once(self, client, deadline):
+        records = []
+        for i in range(self.cfg["reps"]):
+            r = client.completion(self.prefix + [prompts.token_at(0, 2 + i)], 1)
+            group = "restart" if i == 0 else "warm"
+            records.append(record(r, key=f"restart-after-{i}", group=group, phase=group))
+        return records, {}
+
+    def summarize(self, runs):
+        summary = summarize_groups(runs)
+        head = {v: g.get("restart") for v, g in summary.items() if g.get("restart")}
+        cold = {v: g.get("cold") for v, g in summary.items() if g.get("cold")}
+        return {"by_group": summary, "ratios": add_ratios(summary), "headline": head,
+                "restart_vs_cold": {v: stats.ratio((head.get(v) or {}).get("ttft_p50_ms"),
+                                                   (cold.get(v) or {}).get("ttft_p50_ms"))
+                                    for v in head}}
+
+
+ALL = {w.name: w for w in (FamilyTable, MultiTurnChat, MultiSession, AgentLoop, AgentEdits,
+                           Concurrency, ColdPath, Restart)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,7 +591,6 @@ class ModelRun:
     path: str
     bins: servers.Binaries
     settings: servers.ServerSettings
-    ctx_size: int
     rounds: int
     request_timeout: float
     log_dir: str = None
@@ -382,9 +614,14 @@ def _one_run(model, workload, variant, rnd):
     if model.log_dir:
         log_path = f"{model.log_dir}/{model.name}-{workload.name}-{variant.label}-r{rnd}.log"
     started = time.monotonic()
+    # A workload that restarts the server keeps one cache folder across the restart.
+    cache_dir = None
+    if getattr(workload, "restarts", False) and variant.is_skippy:
+        cache_dir = tempfile.mkdtemp(prefix="skippy-bench-restart-")
     try:
         server = servers.start_server(model.bins, model.settings, variant, model.path,
-                                      model.ctx_size, log_path)
+                                      workload.server_ctx(variant), log_path,
+                                      cache_dir=cache_dir)
     except servers.ServerError as e:
         run["error"] = str(e)
         model.progress(f"  {workload.name} r{rnd} {variant.label}: SERVER FAILED\n{e}")
@@ -399,7 +636,17 @@ def _one_run(model, workload, variant, rnd):
         warm = client.completion(prompts.token_prompt("warmup", 16), 2)
         if not warm.ok:
             run["error"] = f"warmup request failed: {warm.error}"
+        before = []
+        if getattr(workload, "restarts", False):
+            before = workload.prepare_once(client, deadline)
+            server.stop()  # SIGTERM: skippy writes what it recorded to its disk tier
+            server = servers.start_server(model.bins, model.settings, variant, model.path,
+                                          workload.server_ctx(variant), log_path,
+                                          cache_dir=cache_dir)
+            client = Client(server.port, model.request_timeout, deadline, native,
+                            model.ignore_eos)
         records, extra = workload.run_once(client, deadline)
+        records = before + records
         for r in records:
             r["variant"], r["round"] = variant.label, rnd
         run["records"], run["extra"] = records, extra
@@ -410,6 +657,8 @@ def _one_run(model, workload, variant, rnd):
             run["error"] = f"server exited during the run:\n{server.log_tail()}"
     finally:
         server.stop()
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     run["wall_s"] = time.monotonic() - started
     s = stats.summarize(run["records"])
     p50 = s["ttft_p50_ms"]

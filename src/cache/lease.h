@@ -7,7 +7,7 @@
 //   }                           // lease released when `hit` goes out of scope
 //   lease.reset();              // or release early
 //
-// A Lease is handed out by a LeaseOwner (RadixIndex, ExactStateCache, ResidentCache) and
+// A Lease is handed out by a LeaseOwner (RadixIndex, ExactStateCache, DiskStore) and
 // must not outlive it. Releasing is noexcept and thread-safe iff the owner is.
 #pragma once
 

@@ -97,6 +97,28 @@ size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<run
 
 }  // namespace
 
+namespace {
+std::mutex& render_mutex() {
+    static std::mutex mutex;
+    return mutex;
+}
+}  // namespace
+
+std::string render_chat(const runtime::ChatTemplate& chat_template,
+                        const std::vector<runtime::ChatMessage>& messages,
+                        bool add_generation_prompt, const runtime::ChatContext& context) {
+    std::lock_guard<std::mutex> lock(render_mutex());
+    return chat_template.render(messages, add_generation_prompt, context);
+}
+
+runtime::ChatPrompt apply_chat(const runtime::ChatTemplate& chat_template,
+                               const std::vector<runtime::ChatMessage>& messages,
+                               const runtime::ChatContext& context,
+                               const runtime::ChatConstraints& constraints) {
+    std::lock_guard<std::mutex> lock(render_mutex());
+    return chat_template.apply(messages, context, constraints);
+}
+
 static void hash_text(cache::Sha256& h, const std::string& text) {
     hash_length(h, text.size());
     h.update(text.data(), text.size());
@@ -248,7 +270,7 @@ void MessageBoundaryFinder::prepare(const cache::Digest& key,
     }
     std::string text;
     try {
-        text = chat_template_.render(messages, add_generation_prompt, context);
+        text = render_chat(chat_template_, messages, add_generation_prompt, context);
     } catch (const std::exception&) {
         return;
     }
@@ -329,7 +351,8 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
         } else {
             const std::vector<runtime::ChatMessage> part(
                 messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(head.k));
-            const std::string text = chat_template_.render(part, head.generation_prompt, context);
+            const std::string text =
+                render_chat(chat_template_, part, head.generation_prompt, context);
             if (text_map.valid() && prompt.compare(0, text.size(), text) == 0) {
                 boundary = text_map.tokens_before(text.size());
             } else {

@@ -42,6 +42,17 @@
 
 namespace skippy::server {
 
+// ChatTemplate::render / apply through one process-wide lock. llama.cpp's chat rendering
+// calls std::localtime (one static buffer) on every render, so concurrent renders race
+// (found by ThreadSanitizer): every render of the server layer goes through here.
+std::string render_chat(const runtime::ChatTemplate& chat_template,
+                        const std::vector<runtime::ChatMessage>& messages,
+                        bool add_generation_prompt, const runtime::ChatContext& context = {});
+runtime::ChatPrompt apply_chat(const runtime::ChatTemplate& chat_template,
+                               const std::vector<runtime::ChatMessage>& messages,
+                               const runtime::ChatContext& context,
+                               const runtime::ChatConstraints& constraints);
+
 // Identity of messages[0, k) for k = 0..n (keys[0] is the empty conversation, within the
 // render context named by `context_label`, see chat_context_label()).
 using MessageKeys = std::vector<cache::Digest>;

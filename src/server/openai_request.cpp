@@ -317,19 +317,21 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     std::string prompt;
     if (structured) {
         runtime::ChatPrompt p =
-            chat_template_.apply(messages, options.context, options.constraints);
+            apply_chat(chat_template_, messages, options.context, options.constraints);
         prompt = std::move(p.prompt);
         // A promise the format cannot keep is refused, not dropped.
         if (p.grammar.empty() && options.tools_active &&
             options.constraints.tool_choice == runtime::ToolChoice::Required) {
-            throw invalid_request("the model's chat template cannot constrain tool calls: "
-                                  "tool_choice 'required' or a named function is not available",
-                                  "tool_choice");
+            throw invalid_request(
+                "the model's chat template cannot constrain tool calls: "
+                "tool_choice 'required' or a named function is not available",
+                "tool_choice");
         }
         if (p.grammar.empty() && !options.constraints.json_schema.empty()) {
-            throw invalid_request("the model's chat template cannot constrain the output to "
-                                  "'response_format'",
-                                  "response_format");
+            throw invalid_request(
+                "the model's chat template cannot constrain the output to "
+                "'response_format'",
+                "response_format");
         }
         if (!p.grammar.empty()) {
             auto& s = gen.sampling;
@@ -355,7 +357,7 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         out.tools_active = options.tools_active;
         out.tool_call_id_base = random_call_id_base();
     } else {
-        prompt = chat_template_.render(messages, true);
+        prompt = render_chat(chat_template_, messages, true);
     }
     check_text_fits(prompt.size(), "messages");
     gen.prompt = model_.tokenize(prompt, true, true);
@@ -379,7 +381,7 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         message.tool_calls = reply.tool_calls;
         std::vector<runtime::ChatMessage> with_reply = *history;
         with_reply.push_back(message);
-        const std::string rendered = chat_template_.render(with_reply, false, *context);
+        const std::string rendered = render_chat(chat_template_, with_reply, false, *context);
         boundaries_.remember(extend_message_key(key, message), false, rendered);
         return model_.tokenize(rendered, true, true);
     };

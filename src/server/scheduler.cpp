@@ -86,6 +86,18 @@ void Scheduler::stop() {
 }
 
 Admission Scheduler::submit(GenerationRequest request, std::shared_ptr<GenerationStream> stream) {
+    if (request.cache_enabled && !request.prompt.empty()) {
+        // On the caller's thread: a slower tier's I/O delays only this request.
+        stage::PromptInfo info;
+        info.tokens = std::span<const runtime::Token>(request.prompt);
+        info.cache_namespace = request.cache_namespace;
+        info.cache_enabled = request.cache_enabled;
+        try {
+            stage_->prefetch(info);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "skippy: cache prefetch failed: %s\n", e.what());
+        }
+    }
     {
         std::lock_guard<std::mutex> lock(queue_mutex_);
         if (stopping_) {
@@ -187,6 +199,11 @@ void Scheduler::run() {
         if (slot->active && !slot->post_turn) {
             fail_slot(*slot, 503, "server_shutting_down", "server is shutting down");
         }
+    }
+    try {
+        stage_->idle(*context_);  // records still waiting for their lane's export
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: final record export failed: %s\n", e.what());
     }
     std::lock_guard<std::mutex> lock(queue_mutex_);
     for (auto& pending : incoming_) {
@@ -307,6 +324,10 @@ void Scheduler::release_slot(Slot& slot, size_t canonical, bool turn_end) {
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: record at release failed: %s\n", e.what());
     }
+    free_slot(slot);
+}
+
+void Scheduler::free_slot(Slot& slot) {
     slot.active = false;
     slot.post_turn = false;
     slot.sampler.reset();
@@ -323,13 +344,7 @@ void Scheduler::fail_slot(Slot& slot, int status, const std::string& type,
     }
     failed_.fetch_add(1);
     stage_->discard(*context_, slot.lane);
-    slot.active = false;
-    slot.post_turn = false;
-    slot.sampler.reset();
-    slot.stream.reset();
-    slot.output.reset();
-    slot.turn.clear();
-    lanes_busy_.fetch_sub(1);
+    free_slot(slot);
 }
 
 void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
@@ -443,11 +458,7 @@ void Scheduler::step() {
         if (slot->active && !slot->post_turn && slot->stream->cancelled()) {
             cancelled_.fetch_add(1);
             stage_->discard(*context_, slot->lane);
-            slot->stream.reset();
-            slot->active = false;
-            slot->sampler.reset();
-            slot->output.reset();
-            lanes_busy_.fetch_sub(1);
+            free_slot(*slot);
         }
     }
     decode_steps();

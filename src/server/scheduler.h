@@ -9,8 +9,9 @@
 // (the end of the turn) at the lowest priority; that work yields to waiting requests.
 //
 // Thread safety: submit(), stats() and stop() may be called from any thread; they touch
-// only the admission queue under `queue_mutex_`. Everything else runs on the scheduler
-// thread, which is the only thread that calls into the InferenceContext or the stage.
+// only the admission queue under `queue_mutex_` (and submit() the stage's thread-safe
+// prefetch, before queueing). Everything else runs on the scheduler thread, which is the
+// only thread that calls into the InferenceContext or the stage's other hooks.
 #pragma once
 
 #include <atomic>
@@ -108,6 +109,7 @@ class Scheduler {
     void release_slot(Slot& slot, size_t canonical, bool turn_end);
     void finish_slot(Slot& slot, const std::string& finish_reason);
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
+    void free_slot(Slot& slot);  // the slot's bookkeeping; the lane's state is the stage's
     void sample_slot(Slot& slot, int32_t batch_index);
     bool start_turn_end(Slot& slot);
     // True when `prompt` continues a conversation whose lane is still recording its turn.

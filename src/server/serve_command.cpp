@@ -180,6 +180,28 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
         ->capture_default_str();
     app.add_option("--cache-events-log", cache.events_log_path, "JSON-lines cache event log")
         ->envname("SKIPPY_CACHE_EVENTS_LOG");
+    app.add_option_function<std::string>(
+           "--cache-disk",
+           [&cache](const std::string& v) {
+               if (v != "on" && v != "off") {
+                   throw CLI::ValidationError("--cache-disk", "must be on or off");
+               }
+               cache.disk = v == "on";
+           },
+           "disk tier of the prefix cache (survives restarts): on | off")
+        ->envname("SKIPPY_CACHE_DISK")
+        ->default_str("on");
+    app.add_option("--cache-dir", cache.disk_dir,
+                   "disk tier folder (default: $SKIPPY_CACHE_DIR or ~/.cache/skippy, "
+                   "then /prefix-cache)")
+        ->envname("SKIPPY_CACHE_DISK_DIR");
+    app.add_option("--cache-disk-bytes", cache.disk_max_bytes, "disk tier bound (bytes)")
+        ->envname("SKIPPY_CACHE_DISK_BYTES")
+        ->capture_default_str();
+    app.add_option("--cache-disk-min-free", cache.disk_min_free,
+                   "bytes the disk tier leaves free on its filesystem")
+        ->envname("SKIPPY_CACHE_DISK_MIN_FREE")
+        ->capture_default_str();
 }
 
 int run_serve(ServeConfig config) {
@@ -201,6 +223,9 @@ int run_serve(ServeConfig config) {
     if (config.scheduler.context.n_ctx == 0) {
         const uint32_t train = model->n_ctx_train() > 0 ? model->n_ctx_train() : 4096;
         config.scheduler.context.n_ctx = std::min<uint32_t>(4096, train) * config.scheduler.lanes;
+    }
+    if (config.cache.disk_dir.empty()) {
+        config.cache.disk_dir = cache_dir() + "/prefix-cache";
     }
     auto stage_backend = stage::make_stage(config.cache, *model, config.scheduler.context);
     const std::string cache_summary = stage_backend.summary;

@@ -19,6 +19,11 @@ struct CacheConfig {
     uint32_t record_limit = 6;
     uint32_t record_queue_capacity = 8;
     std::string events_log_path;  // JSON-lines telemetry; empty = off
+    // Disk tier (survives restarts): on by default in a per-user folder.
+    bool disk = true;
+    std::string disk_dir;  // empty = $SKIPPY_CACHE_DIR or ~/.cache/skippy, + /prefix-cache
+    uint64_t disk_max_bytes = 16ull << 30;  // block files + manifests
+    uint64_t disk_min_free = 1ull << 30;    // left free on the filesystem
 };
 
 inline CacheMode parse_cache_mode(const std::string& s) {

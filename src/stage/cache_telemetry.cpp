@@ -42,7 +42,9 @@ void CacheTelemetry::write_line(const std::string& line) {
 void CacheTelemetry::lookup(const LookupEvent& e) {
     switch (e.decision) {
         case CacheDecision::ExactHit:
-            ++(e.tier == CacheTier::Lane ? lane_hits_ : ram_hits_);
+            ++(e.tier == CacheTier::Lane   ? lane_hits_
+               : e.tier == CacheTier::Disk ? disk_hits_
+                                           : ram_hits_);
             break;
         case CacheDecision::Miss:
             ++misses_;
@@ -137,6 +139,7 @@ std::string CacheTelemetry::metrics_text() const {
         << "# TYPE skippy_cache_lookups_total counter\n"
         << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"lane\"} " << lane_hits_ << "\n"
         << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"ram\"} " << ram_hits_ << "\n"
+        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"disk\"} " << disk_hits_ << "\n"
         << "skippy_cache_lookups_total{decision=\"miss\"} " << misses_ << "\n"
         << "skippy_cache_lookups_total{decision=\"error\"} " << errors_ << "\n"
         << "skippy_cache_lookups_total{decision=\"off\"} " << off_ << "\n";
@@ -145,7 +148,7 @@ std::string CacheTelemetry::metrics_text() const {
             << name << ' ' << v << "\n";
     };
     counter("skippy_cache_hits_total", "Lookups that restored a cached prefix.",
-            lane_hits_ + ram_hits_);
+            lane_hits_ + ram_hits_ + disk_hits_);
     counter("skippy_cache_misses_total", "Lookups that restored nothing.", misses_);
     counter("skippy_cache_errors_total", "Restores that failed and fell back to prefill.", errors_);
     counter("skippy_cache_quarantined_total", "Entries removed because their bytes were bad.",

@@ -63,7 +63,7 @@ class CacheTelemetry {
     // Prometheus text of the event counters (the caches add their gauges).
     std::string metrics_text() const;
 
-    uint64_t exact_hits() const { return lane_hits_ + ram_hits_; }
+    uint64_t exact_hits() const { return lane_hits_ + ram_hits_ + disk_hits_; }
     uint64_t misses() const { return misses_; }
     uint64_t quarantines() const { return quarantines_; }
 
@@ -72,8 +72,8 @@ class CacheTelemetry {
 
     std::FILE* log_ = nullptr;
     std::mutex log_mutex_;
-    std::atomic<uint64_t> lane_hits_{0}, ram_hits_{0}, misses_{0}, errors_{0}, off_{0},
-        quarantines_{0}, cached_tokens_{0}, prompt_tokens_{0};
+    std::atomic<uint64_t> lane_hits_{0}, ram_hits_{0}, disk_hits_{0}, misses_{0}, errors_{0},
+        off_{0}, quarantines_{0}, cached_tokens_{0}, prompt_tokens_{0};
     std::atomic<uint64_t> records_queued_{0}, records_stored_{0}, records_dropped_{0},
         records_failed_{0}, records_present_{0}, exact_evictions_{0};
     static constexpr std::array<double, 10> kLatencyBucketsMs = {0.5, 1,  2.5, 5,   10,

@@ -26,6 +26,8 @@ std::string_view to_string(CacheTier tier) {
             return "lane";
         case CacheTier::Ram:
             return "ram";
+        case CacheTier::Disk:
+            return "disk";
     }
     return "?";
 }

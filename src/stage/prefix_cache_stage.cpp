@@ -7,6 +7,7 @@
 #include "cache/prefix_identity.h"
 #include "runtime/runtime_version.h"
 #include "runtime/seq_state_format.h"
+#include "stage/lane_record_job.h"
 
 namespace skippy::stage {
 
@@ -70,9 +71,74 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     cache::RecordQueueOptions queue_options;
     queue_options.capacity = std::max<uint32_t>(1, config.record_queue_capacity);
     queue_ = std::make_unique<cache::RecordQueue>(queue_options);
+    if (config.disk && config.mode != CacheMode::Off && !config.disk_dir.empty()) {
+        cache::DiskStoreOptions disk;
+        disk.dir = config.disk_dir;
+        disk.max_bytes = config.disk_max_bytes;
+        disk.min_free_bytes = config.disk_min_free;
+        cache::DiskOpenResult opened = cache::DiskStore::open(std::move(disk));
+        if (opened.store) {
+            disk_ = std::move(opened.store);
+            const auto st = disk_->stats();
+            disk_note_ = "disk=" + config.disk_dir + " (" + cache::to_string(disk_->mode()) + ", " +
+                         std::to_string(st.entries) + " entries, reconciled in " +
+                         std::to_string(st.reconcile_ms) + " ms)";
+            if (!opened.message.empty()) {
+                disk_note_ += " " + opened.message;
+            }
+        } else {
+            disk_note_ = "disk=off (" + opened.message + "; serving from RAM only)";
+        }
+    } else {
+        disk_note_ = "disk=off";
+    }
 }
 
-PrefixCacheStage::~PrefixCacheStage() { queue_->stop(false); }
+PrefixCacheStage::~PrefixCacheStage() {
+    // Queued records finish (they also feed the disk tier), then the disk writer drains.
+    queue_->stop(true);
+    if (disk_) {
+        disk_->close(true);
+    }
+}
+
+void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
+    if (!disk_ || !lookups_enabled(prompt)) {
+        return;
+    }
+    const int32_t limit = max_restorable(static_cast<int32_t>(prompt.tokens.size()));
+    if (limit < static_cast<int32_t>(policy_.min_tokens)) {
+        return;
+    }
+    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    const auto query = prompt.tokens.first(static_cast<size_t>(limit));
+    const auto ram = exact_->peek_longest(ns, query);
+    const auto on_disk = disk_->peek_longest(ns, query);
+    if (!on_disk || (ram && ram->len >= on_disk->len)) {
+        return;
+    }
+    std::optional<cache::DiskHit> hit = disk_->acquire_longest(ns, query);
+    if (!hit) {
+        return;
+    }
+    cache::DiskReadResult read = disk_->read(hit->lease);  // verified; bad entries quarantined
+    if (!read.ok()) {
+        disk_read_failures_.fetch_add(1);
+        return;
+    }
+    const auto key = query.first(hit->len);
+    const auto cuts = payload_cuts(read.bytes.span(), hit->descriptor);
+    const cache::ExactInsertResult r =
+        exact_->insert(ns, key, hit->page, hit->descriptor, read.bytes.span(), cuts);
+    if (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent) {
+        disk_promotions_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        promoted_.push_back(hit->page);
+        if (promoted_.size() > 64) {
+            promoted_.erase(promoted_.begin());
+        }
+    }
+}
 
 void PrefixCacheStage::attach(runtime::InferenceContext& context, uint32_t n_lanes) {
     lanes_.assign(n_lanes, LaneState{});
@@ -100,8 +166,15 @@ bool PrefixCacheStage::wants_turn_end(const PromptInfo& prompt) const {
 }
 
 void PrefixCacheStage::debug_forget_lanes() {
-    for (auto& lane : lanes_) {
-        lane = LaneState{};
+    forget_lanes_.store(true, std::memory_order_release);  // applied on the scheduler thread
+}
+
+void PrefixCacheStage::apply_forget_lanes() {
+    if (forget_lanes_.exchange(false, std::memory_order_acq_rel)) {
+        for (auto& lane : lanes_) {
+            lane = LaneState{};
+        }
+        update_lane_gauge();
     }
 }
 
@@ -131,6 +204,7 @@ int32_t PrefixCacheStage::lane_match(const LaneState& lane, const cache::Namespa
 }
 
 SeqId PrefixCacheStage::choose_lane(std::span<const SeqId> idle, const PromptInfo& prompt) {
+    apply_forget_lanes();
     const bool lookup = lookups_enabled(prompt);
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     SeqId best = idle.front();
@@ -320,6 +394,12 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     if (import_entry(context, lane, *hit, recurrent_only, reason, event)) {
         event.decision = CacheDecision::ExactHit;
         event.tier = recurrent_only ? CacheTier::Lane : CacheTier::Ram;
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        if (auto it = std::find(promoted_.begin(), promoted_.end(), hit->page);
+            it != promoted_.end()) {
+            event.tier = CacheTier::Disk;  // promoted from disk for this request
+            promoted_.erase(it);
+        }
         return stored;
     }
     context.seq_clear(lane);
@@ -473,7 +553,23 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     std::sort(state.pending.begin(), state.pending.end());
     state.pending.erase(std::unique(state.pending.begin(), state.pending.end()),
                         state.pending.end());
+    trim_checkpoints(state);
     update_lane_gauge();
+}
+
+void PrefixCacheStage::trim_checkpoints(LaneState& state) const {
+    // Bounded memory: the newest few checkpoints (where the next request most likely
+    // diverges) plus those that pending records still need.
+    constexpr size_t kKeep = 4;
+    std::sort(state.checkpoints.begin(), state.checkpoints.end(),
+              [](const Checkpoint& a, const Checkpoint& b) { return a.n_tokens < b.n_tokens; });
+    const size_t n = state.checkpoints.size();
+    size_t i = 0;
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
+        const bool recent = i++ + kKeep >= n;
+        return !recent &&
+               !std::binary_search(state.pending.begin(), state.pending.end(), cp.n_tokens);
+    });
 }
 
 void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane) {
@@ -487,7 +583,8 @@ void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane
     update_lane_gauge();
 }
 
-bool PrefixCacheStage::has_idle_work() const {
+bool PrefixCacheStage::has_idle_work() {
+    apply_forget_lanes();
     return std::any_of(lanes_.begin(), lanes_.end(),
                        [](const LaneState& s) { return !s.pending.empty(); });
 }
@@ -506,12 +603,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     std::sort(positions.begin(), positions.end());
     positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
     // Cheap, non-blocking admission checks before paying for the export.
-    struct Item {
-        int32_t n;
-        cache::PageId page;
-        std::shared_ptr<const std::vector<uint8_t>> recurrent;  // partial-only blob at n
-    };
-    std::vector<Item> items;
+    std::vector<LaneRecordItem> items;
     for (int32_t p : positions) {
         if (p < static_cast<int32_t>(policy_.min_tokens) ||
             p > static_cast<int32_t>(state.tokens.size())) {
@@ -529,7 +621,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
             telemetry_->record(event);
             continue;
         }
-        Item item{p, page, {}};
+        LaneRecordItem item{p, page, {}};
         if (layout_.has_recurrent) {
             auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
                                    [&](const Checkpoint& c) { return c.n_tokens == p; });
@@ -579,96 +671,17 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     event.bytes = captured->blob.size();
     const uint64_t charged = captured->blob.size();
     queued_bytes_->fetch_add(charged);
-    auto shared_items = std::make_shared<std::vector<Item>>(std::move(items));
-    auto tokens = std::make_shared<std::vector<Token>>(state.tokens);
-    cache::ExactStateCache* exact = exact_.get();
-    CacheTelemetry* telemetry = telemetry_.get();
-    const PayloadLayout layout = layout_;
+    LaneRecord record;
+    record.ns = ns;
+    record.captured = std::move(captured);
+    record.items = std::move(items);
+    record.tokens = state.tokens;
     auto queued_bytes = queued_bytes_;
-    const int32_t lane_end = static_cast<int32_t>(state.tokens.size());
-    auto run = [exact, telemetry, layout, captured, shared_items, tokens, ns, queued_bytes, charged,
-                lane_end]() -> bool {
-        struct Uncharge {
-            std::shared_ptr<std::atomic<uint64_t>> bytes;
-            uint64_t n;
-            ~Uncharge() { bytes->fetch_sub(n); }
-        } uncharge{queued_bytes, charged};
-        bool all_ok = true;
-        const auto body = runtime::seq_state_body(captured->blob);
-        const size_t attention_bytes = body.size() - captured->recurrent_bytes;
-        for (Item& item : *shared_items) {
-            RecordEvent done;
-            done.payload = cache::to_string(layout.kind);
-            done.tokens = item.n;
-            done.page_id = item.page.str();
-            try {
-                EncodedPayload encoded;
-                if (layout.kind == cache::PayloadKind::FullState) {
-                    if (item.n != static_cast<int32_t>(captured->n_tokens)) {
-                        continue;  // a full state exists only for the lane's own end
-                    }
-                    encoded = encode_payload(*captured, layout);
-                } else {
-                    CapturedState part;
-                    part.n_tokens = static_cast<uint32_t>(item.n);
-                    auto& d = encoded.descriptor;
-                    runtime::EncodedKvPages pages = runtime::encode_kv_pages(
-                        body.first(attention_bytes), part.n_tokens, captured->n_tokens);
-                    encoded.bytes = std::move(pages.bytes);
-                    encoded.cuts = std::move(pages.cuts);
-                    d.kind = layout.kind;
-                    d.token_begin = 0;
-                    d.token_end = part.n_tokens;
-                    d.layer_begin = 0;
-                    d.layer_end = layout.n_layer;
-                    d.k_type = layout.k_type;
-                    d.v_type = layout.v_type;
-                    d.kv_bytes = encoded.bytes.size();
-                    if (layout.has_recurrent) {
-                        std::span<const uint8_t> rec;
-                        if (item.recurrent) {
-                            rec = runtime::seq_state_body(*item.recurrent);
-                        } else if (item.n == lane_end) {
-                            rec = body.last(captured->recurrent_bytes);
-                        }
-                        if (rec.empty()) {
-                            throw std::runtime_error("no recurrent state for the checkpoint");
-                        }
-                        encoded.cuts.push_back(encoded.bytes.size());
-                        encoded.bytes.insert(encoded.bytes.end(), rec.begin(), rec.end());
-                        d.recurrent_bytes = rec.size();
-                    }
-                    d.payload_bytes = encoded.bytes.size();
-                }
-                const auto key = std::span<const Token>(*tokens).first(static_cast<size_t>(item.n));
-                const cache::ExactInsertResult r = exact->insert(
-                    ns, key, item.page, encoded.descriptor, encoded.bytes, encoded.cuts);
-                done.bytes = encoded.bytes.size();
-                done.decision = r.stored() ? "stored"
-                                : r.status == cache::ExactInsertStatus::AlreadyPresent
-                                    ? "already_present"
-                                    : "failed";
-                if (done.decision == "failed") {
-                    done.reason = cache::to_string(r.status);
-                    all_ok = false;
-                }
-                done.new_blocks = r.blocks.new_blocks;
-                done.reused_blocks = r.blocks.reused_blocks;
-                done.hash_ms = r.blocks.hash_seconds * 1000.0;
-                done.evicted = r.evicted.size();
-            } catch (const std::exception& e) {
-                done.decision = "failed";
-                done.reason = e.what();
-                all_ok = false;
-            }
-            if (auto stats = exact->try_stats()) {
-                done.entries = stats->entries;
-            }
-            telemetry->record(done);
-        }
-        return all_ok;
-    };
+    auto run = make_lane_record_job(std::move(record), *exact_, disk_.get(), *telemetry_, layout_,
+                                    [queued_bytes, charged] { queued_bytes->fetch_sub(charged); });
+    // (the release runs when the job is destroyed: after it ran, or when it was dropped)
     const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
+
     event.decision = admission == cache::Admission::Queued ? "queued" : "dropped_full";
     telemetry_->record(event);
 }
@@ -715,6 +728,38 @@ std::string PrefixCacheStage::metrics_text() const {
           static_cast<double>(queued_bytes_->load()));
     gauge("skippy_cache_record_worker_failures", "Record jobs that failed in the worker.",
           static_cast<double>(q.failed));
+    if (disk_) {
+        const auto d = disk_->stats();
+        gauge("skippy_cache_disk_entries", "Entries in the disk tier.",
+              static_cast<double>(d.entries));
+        gauge("skippy_cache_disk_bytes", "Bytes of the disk tier (blocks + manifests).",
+              static_cast<double>(d.disk_bytes));
+        gauge("skippy_cache_disk_read_only", "1 when the disk tier stopped writing.",
+              d.mode == cache::DiskMode::ReadOnly ? 1.0 : 0.0);
+        gauge("skippy_cache_disk_write_queue_depth", "Disk writes queued or running.",
+              static_cast<double>(d.queue_depth));
+        gauge("skippy_cache_disk_reconcile_ms", "Start-up reconciliation of the disk tier.",
+              d.reconcile_ms);
+        auto counter = [&](const char* name, const char* help, double v) {
+            out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" +
+                   name + " " + std::to_string(v) + "\n";
+        };
+        counter("skippy_cache_disk_hits_total", "Disk lookups that found a longer prefix.",
+                static_cast<double>(d.hits));
+        counter("skippy_cache_disk_promotions_total", "Entries read from disk into RAM.",
+                static_cast<double>(disk_promotions_.load()));
+        counter("skippy_cache_disk_writes_total", "Entries committed to disk (demotions).",
+                static_cast<double>(d.writes));
+        counter("skippy_cache_disk_write_failures_total",
+                "Disk writes that failed (I/O errors, no space).",
+                static_cast<double>(d.write_failures + d.write_no_room));
+        counter("skippy_cache_disk_write_dropped_total", "Disk writes dropped (queue full).",
+                static_cast<double>(d.dropped_full));
+        counter("skippy_cache_disk_read_failures_total", "Disk reads that failed verification.",
+                static_cast<double>(disk_read_failures_.load()));
+        counter("skippy_cache_disk_quarantined_total", "Disk entries removed as bad.",
+                static_cast<double>(d.quarantines));
+    }
     gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
           static_cast<double>(lane_tokens_.load(std::memory_order_relaxed)));
     return out;

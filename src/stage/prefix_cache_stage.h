@@ -29,10 +29,12 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cache/candidate_policy.h"
+#include "cache/disk_store.h"
 #include "cache/exact_state_cache.h"
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
@@ -64,18 +66,25 @@ class PrefixCacheStage final : public StageBackend {
                  std::span<const Token> canonical, bool turn_end) override;
     void discard(runtime::InferenceContext& context, SeqId lane) override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
-    bool has_idle_work() const override;
+    void prefetch(const PromptInfo& prompt) override;
+    bool has_idle_work() override;
     void idle(runtime::InferenceContext& context) override;
     // Lanes whose records still wait for their export (any thread; tests wait for 0).
     size_t lanes_pending() const { return lanes_pending_.load(std::memory_order_acquire); }
+    // Bytes of captured states charged to the record queue (0 once the queue is idle).
+    uint64_t queued_bytes() const { return queued_bytes_->load(); }
 
     std::string metrics_text() const;
     cache::PayloadKind payload() const { return layout_.kind; }
     // Test hooks.
     cache::ExactStateCache* exact_cache() { return exact_.get(); }
+    cache::DiskStore* disk_store() { return disk_.get(); }
+    // Start-up note about the disk tier (opened, read-only, locked by another process...).
+    const std::string& disk_note() const { return disk_note_; }
     cache::RecordQueue* record_queue() { return queue_.get(); }
     cache::NamespaceId namespace_for(const std::string& key) const;
-    // Forgets what the lanes hold (so the next restore comes from the stored entries).
+    // Forgets what the lanes hold (so the next restore comes from the stored entries). Any
+    // thread: the scheduler thread applies it before it next picks a lane.
     void debug_forget_lanes();
 
   private:
@@ -111,7 +120,9 @@ class PrefixCacheStage final : public StageBackend {
     bool import_entry(runtime::InferenceContext& context, SeqId lane, const cache::ExactHit& hit,
                       bool recurrent_only, std::string& reason, LookupEvent& event);
     void update_lane_gauge();
+    void apply_forget_lanes();
     void flush_lane(runtime::InferenceContext& context, SeqId lane);
+    void trim_checkpoints(LaneState& state) const;
     void submit_records(runtime::InferenceContext& context, SeqId lane, LaneState& state,
                         std::vector<int32_t> positions, bool turn_end);
 
@@ -121,6 +132,12 @@ class PrefixCacheStage final : public StageBackend {
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
     std::unique_ptr<cache::ExactStateCache> exact_;
+    std::unique_ptr<cache::DiskStore> disk_;  // null: no disk tier
+    std::string disk_note_;
+    // Pages promoted from disk by prefetch() and not restored yet (tier reporting).
+    mutable std::mutex promoted_mutex_;
+    std::vector<cache::PageId> promoted_;
+    std::atomic<uint64_t> disk_promotions_{0}, disk_read_failures_{0};
     std::unique_ptr<cache::RecordQueue> queue_;
     std::unique_ptr<CacheTelemetry> telemetry_;
     std::vector<LaneState> lanes_;
@@ -132,6 +149,7 @@ class PrefixCacheStage final : public StageBackend {
     uint64_t queue_budget_bytes_ = 0;
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
     std::atomic<size_t> lanes_pending_{0};
+    std::atomic<bool> forget_lanes_{false};
 };
 
 }  // namespace skippy::stage

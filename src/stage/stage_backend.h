@@ -76,8 +76,12 @@ class StageBackend {
     // the end of the prompt (the sampled token is not decoded yet).
     virtual void prompt_done(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
                              const PromptInfo& /*prompt*/) {}
+    // Any thread (the HTTP thread that submits the request), before the request is queued:
+    // may bring a longer cached prefix up from a slower tier (disk I/O happens here, never
+    // on the scheduler thread).
+    virtual void prefetch(const PromptInfo& /*prompt*/) {}
     // Deferred work (records) the stage would like to do while no request is running.
-    virtual bool has_idle_work() const { return false; }
+    virtual bool has_idle_work() { return false; }
     virtual void idle(runtime::InferenceContext& /*context*/) {}
     // Whether end-of-turn work is worth doing for this request.
     virtual bool wants_turn_end(const PromptInfo& /*prompt*/) const { return false; }

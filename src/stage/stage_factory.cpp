@@ -64,6 +64,7 @@ StageSelection make_stage(const CacheConfig& config, const runtime::Model& model
     if (!config.events_log_path.empty()) {
         summary += " events_log=" + config.events_log_path;
     }
+    summary += " " + raw->disk_note();
     selection.backend = std::move(stage);
     selection.summary = summary;
     return selection;

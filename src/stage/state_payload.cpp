@@ -69,6 +69,31 @@ EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& l
     return out;
 }
 
+std::vector<size_t> payload_cuts(std::span<const uint8_t> bytes,
+                                 const cache::PayloadDescriptor& descriptor) {
+    std::vector<size_t> cuts;
+    if (descriptor.kind != cache::PayloadKind::KvPages || descriptor.kv_bytes > bytes.size()) {
+        return cuts;
+    }
+    const auto info = runtime::inspect_kv_pages(bytes.first(descriptor.kv_bytes), nullptr);
+    if (!info) {
+        return cuts;
+    }
+    if (info->mode == runtime::KvPagesMode::Paged) {
+        for (uint32_t page = 0; page < info->n_pages; ++page) {
+            cuts.push_back(info->header_bytes + static_cast<size_t>(page) * runtime::kKvPageTokens *
+                                                    info->bytes_per_token);
+        }
+    } else if (info->header_bytes < descriptor.kv_bytes) {
+        cuts.push_back(info->header_bytes);
+    }
+    if (descriptor.recurrent_bytes > 0) {
+        cuts.push_back(descriptor.kv_bytes);
+    }
+    std::erase_if(cuts, [&](size_t c) { return c == 0 || c >= bytes.size(); });
+    return cuts;
+}
+
 std::vector<uint8_t> captured_recurrent_blob(const CapturedState& state) {
     std::vector<uint8_t> blob;
     runtime::append_seq_state_header(blob);

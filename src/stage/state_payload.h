@@ -75,6 +75,12 @@ bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescript
                     std::vector<uint8_t>& out, std::string* reason,
                     PayloadPart part = PayloadPart::Full);
 
+// Block cuts of a stored payload (after the pages' header, after every page, between the
+// sections), recomputed from its bytes: a payload read back from disk dedupes in RAM like
+// a fresh one. Empty when the layout is not paged.
+std::vector<size_t> payload_cuts(std::span<const uint8_t> bytes,
+                                 const cache::PayloadDescriptor& descriptor);
+
 // The recurrent section of a captured state, as an importable PartialOnly blob.
 std::vector<uint8_t> captured_recurrent_blob(const CapturedState& state);
 

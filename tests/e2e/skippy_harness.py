@@ -56,6 +56,8 @@ class Server:
                 "--threads", THREADS] + list(extra_args)
         self.log_lines = []
         full_env = dict(os.environ)
+        # The disk tier is per test: off unless a test names a folder (--cache-dir or env).
+        full_env.setdefault("SKIPPY_CACHE_DISK", "off")
         full_env.update(env or {})
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, errors="replace", env=full_env)

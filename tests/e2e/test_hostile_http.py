@@ -44,7 +44,11 @@ def timed_chat(server):
 
 
 def metric(server, name):
-    return server.metrics().get(name, 0)
+    """A /metrics value; -1 when the scrape itself is refused (at the connection cap)."""
+    try:
+        return server.metrics().get(name, 0)
+    except ValueError:  # a 503 error body instead of metrics
+        return -1
 
 
 def wait_for(predicate, timeout):
@@ -222,9 +226,19 @@ class ConnectionCapTest(unittest.TestCase):
         with h.Server(h.model_path("llama"), "--http-max-connections", "100",
                       "--http-header-timeout-ms", "30000") as server:
             self.assertEqual(metric(server, "skippy_http_connections_max"), 100)
-            held = [connect(server.port) for _ in range(100)]
+            held = [connect(server.port) for _ in range(99)]
             try:
-                time.sleep(0.5)  # the loop has accepted them all
+                # All 99 accepted (this scrape is the 100th), then the last one.
+                self.assertTrue(wait_for(
+                    lambda: metric(server, "skippy_http_connections_open") == 100, 10))
+                held.append(connect(server.port))
+
+                def refused():
+                    status, _, _, _ = raw_http(server.port, b"GET /health HTTP/1.1\r\n"
+                                                            b"Host: x\r\n\r\n", timeout=5)
+                    return status == 503
+                # Three refusals in a row: the scrape's own connection is gone too.
+                self.assertTrue(wait_for(lambda: refused() and refused() and refused(), 10))
                 extra = [connect(server.port) for _ in range(20)]
                 statuses = []
                 start = time.time()

@@ -134,6 +134,7 @@ class ExactLogitsTest : public ::testing::TestWithParam<std::string> {
         EXPECT_TRUE(same_bits(got.logits, ref.logits, static_cast<size_t>(n)))
             << what << ": logits differ (cached " << got.stats.cached_tokens << ")";
         wait_recorded(*on_, *stage_);
+        EXPECT_EQ(stage_->queued_bytes(), 0u) << "captured bytes still charged to the queue";
         return got;
     }
 

@@ -1,0 +1,142 @@
+"""The ratio table of a run (rows = workloads, columns = model families), in Markdown for the
+top-level README (bench/update_readme.py) and latest.md, and as plain text for the console.
+Reads only results["summary"] (see summary.py) and results["meta"]."""
+from . import summary as summary_mod
+
+FAMILIES = ["dense", "hybrid", "recurrent"]
+
+
+def _cfg(meta, workload):
+    return (meta.get("profile") or {}).get(workload) or {}
+
+
+def row_label(key, meta):
+    """A readable row name; sizes come from the run's own profile when it has them."""
+    if key.startswith("family_"):
+        p = key[7:]
+        return f"family table: {p}-token prefix + 1 new token, warm hit"
+    if key == "chat":
+        c = _cfg(meta, "chat")
+        if c:
+            return (f"multi-turn chat: {c['conversations']} conversations x {c['turns']} "
+                    f"turns, {c['system_tokens']}-token shared system prompt")
+        return "multi-turn chat"
+    if key == "multisession":
+        c = _cfg(meta, "multisession")
+        if c:
+            return (f"multi-session: {c['conversations']} conversations x {c['turns']} turns "
+                    f"on {c['lanes']} lanes, round-robin (turns >= 2)")
+        return "multi-session (turns >= 2)"
+    if key == "agent":
+        c = _cfg(meta, "agent")
+        return ("agent loop: one growing context" +
+                (f" up to {c['max_context']} tokens" if c else ""))
+    if key == "agent_edits":
+        return "agent with history edits (rewritten tool results, dropped reasoning)"
+    if key == "concurrency_ttft_p50":
+        c = _cfg(meta, "concurrency")
+        return (f"{c.get('clients', 'N')} concurrent clients: TTFT p50")
+    if key == "concurrency_throughput":
+        c = _cfg(meta, "concurrency")
+        return (f"{c.get('clients', 'N')} concurrent clients: generated tokens/s "
+                "(higher = skippy faster)")
+    if key == "cold_vs_llama":
+        return "cold path (unique prompts) vs llama-server"
+    if key == "cold_vs_off":
+        return "cold path: skippy cache on / skippy cache off (cost of lookup + record)"
+    if key == "restart":
+        return "restart (cache survives a server restart)"
+    return key
+
+
+def _num(v, unit):
+    if v is None:
+        return "–"
+    if unit == "ms":
+        return f"{v:.1f}" if v < 100 else f"{v:.0f}"
+    return f"{v:.0f}"
+
+
+def skippy_better(key, ratio):
+    if ratio is None:
+        return False
+    shown = round(ratio, 2)  # as printed: a bold 1.00 would read as a tie
+    return shown > 1.0 if key in summary_mod.HIGHER_IS_BETTER else shown < 1.0
+
+
+def cell(summary, fam, key, markdown=True, medians=True):
+    ratios = summary.get("ratios", {}).get(fam, {})
+    if key not in ratios:
+        return "–"
+    ratio = ratios[key]
+    if ratio is None:
+        return "n/a"
+    text = f"{ratio:.2f}"
+    if markdown and skippy_better(key, ratio) and key != "cold_vs_off":
+        text = f"**{text}**"
+    med = summary.get("medians", {}).get(fam, {}).get(key) or {}
+    if medians and med.get("num") is not None and med.get("den") is not None:
+        unit = med.get("unit", "ms")
+        text += f" ({_num(med['num'], unit)} vs {_num(med['den'], unit)} {unit})"
+    return text
+
+
+def families(summary):
+    """dense, hybrid, recurrent always (a family not run shows "–"), then any other."""
+    present = list(summary.get("ratios", {}))
+    return FAMILIES + [f for f in present if f not in FAMILIES]
+
+
+def keys(summary):
+    found = {k for fam in summary.get("ratios", {}).values() for k in fam}
+    return sorted(found, key=summary_mod.key_order)
+
+
+def markdown_table(results):
+    summary, meta = results["summary"], results.get("meta", {})
+    fams = families(summary)
+    models = summary.get("models", {})
+    header = ["workload"] + [f"{f} ({models[f]})" if f in models else f for f in fams]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for key in keys(summary):
+        lines.append("| " + " | ".join([row_label(key, meta)] +
+                                        [cell(summary, f, key) for f in fams]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def describe_run(results):
+    """The lines under the table: commit, date, command, how the servers ran, mismatches."""
+    summary, meta = results["summary"], results.get("meta", {})
+    git = summary.get("git") or {}
+    commit = git.get("short") or (git.get("commit") or "?")[:7]
+    if git.get("dirty"):
+        commit += " + uncommitted changes"
+    mm = summary.get("mismatches") or {}
+    mode = summary.get("llama_mode") or "equal"
+    how = ("each server with its own defaults (llama-server: flash attention auto, "
+           "--cache-ram, context checkpoints, per-slot KV; skippy: its defaults), same "
+           "threads, lanes and KV cells" if mode == "defaults" else
+           "equal settings on both (flash attention off, batch 512, llama-server "
+           "--kv-unified)")
+    date = (summary.get("date") or "?").replace("T", " ")
+    return [
+        f"Run {date}, commit `{commit}`, profile `{summary.get('profile')}`, "
+        f"llama-server mode `{mode}`: {how}.",
+        f"Command: `{summary.get('command')}`.",
+        f"Ratios skippy / llama-server of the median TTFT (**bold** = skippy faster; for "
+        f"tokens/s above 1.00 is faster), medians in parentheses. Output mismatches: "
+        f"{mm.get('skippy_vs_llama', 0)} between the servers, {mm.get('skippy_internal', 0)} "
+        f"between skippy's runs and cache modes ({mm.get('total', 0)} prompts in all).",
+    ]
+
+
+def text_table(results):
+    """Plain text for the console."""
+    summary, meta = results["summary"], results.get("meta", {})
+    fams = families(summary)
+    rows = [["workload"] + fams]
+    for key in keys(summary):
+        rows.append([key] + [cell(summary, f, key, markdown=False) for f in fams])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in rows)
