@@ -28,6 +28,13 @@ void add_make_model_options(CLI::App& cmd, skippy::runtime::ModelSpec& spec, std
     cmd.add_flag("--f16", spec.f16, "store weight matrices as f16 (default f32)");
     cmd.add_option("--vocab", spec.vocab, "tokenizer: llama.cpp models/ggml-vocab-<NAME>.gguf")
         ->capture_default_str();
+    cmd.add_option_function<std::string>(
+        "--chat-template",
+        [&spec](const std::string& v) {
+            spec.chat_template = skippy::runtime::chat_template_text(v);
+        },
+        "Jinja chat template stored in the model: a file, or the NAME of llama.cpp's "
+        "models/templates/NAME.jinja (default: a minimal ChatML template)");
 }
 
 }  // namespace

@@ -317,8 +317,15 @@ class AgentLoop(Workload):
             upcoming = prompt_tokens + 2 * c["max_tokens"] + m["result_tokens"][turn] + 16
             if upcoming + c["max_tokens"] > cap or turn + 1 >= len(m["results"]):
                 break
-            messages = messages + [{"role": "assistant", "content": call},
-                                   {"role": "tool", "content": m["results"][turn]}]
+            # A tool result answers a call of the assistant message before it (both servers
+            # reject a tool message without a matching tool_call_id); templates without
+            # tools render the content only, as before.
+            call_id = f"call_{turn + 1}"
+            messages = messages + [
+                {"role": "assistant", "content": call,
+                 "tool_calls": [{"id": call_id, "type": "function",
+                                 "function": {"name": "tool", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": m["results"][turn]}]
         return records, {}
 
 
@@ -393,12 +400,12 @@ class AgentEdits(Workload):
             if edit == "rewrite_tool" and k - 3 >= 1:
                 _, tool_idx = turn_msgs[k - 4]
                 messages = list(messages)
-                messages[tool_idx] = {"role": "tool", "content": m["stubs"][k - 4]}
+                messages[tool_idx] = dict(messages[tool_idx], content=m["stubs"][k - 4])
                 est[tool_idx] = n["stubs"][k - 4] + overhead
             elif edit == "drop_reasoning":
                 messages = list(messages)
                 for j, (asst_idx, _) in enumerate(turn_msgs[:-2]):
-                    messages[asst_idx] = {"role": "assistant", "content": calls[j]}
+                    messages[asst_idx] = dict(messages[asst_idx], content=calls[j])
                     est[asst_idx] = n["calls"][j] + overhead
             r = client.chat(messages, c["max_tokens"])
             records.append(record(r, key=f"turn{k}", group=k, turn=k, edit=edit))
@@ -411,8 +418,12 @@ class AgentEdits(Workload):
                 break
             calls.append(call)
             content = m["reasoning"][k - 1] + "\n" + call
-            messages = messages + [{"role": "assistant", "content": content},
-                                   {"role": "tool", "content": m["results"][k - 1]}]
+            call_id = f"call_{k}"  # a tool result answers a call (see AgentLoop)
+            messages = messages + [
+                {"role": "assistant", "content": content,
+                 "tool_calls": [{"id": call_id, "type": "function",
+                                 "function": {"name": "tool", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": m["results"][k - 1]}]
             est += added
             turn_msgs.append((len(messages) - 2, len(messages) - 1))
         return records, {}

@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <stdexcept>
+#include <vector>
 
 #include "llama.h"
 
@@ -8,13 +9,42 @@ namespace skippy::runtime {
 
 Sampler::Sampler(const Model& model, const SamplingParams& params) {
     chain_ = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    if (!params.logit_bias.empty()) {
+        std::vector<llama_logit_bias> biases;
+        for (const auto& [token, bias] : params.logit_bias) {
+            biases.push_back(llama_logit_bias{token, bias});
+        }
+        llama_sampler_chain_add(
+            chain_, llama_sampler_init_logit_bias(
+                        model.n_vocab(), static_cast<int32_t>(biases.size()), biases.data()));
+    }
     if (!params.grammar.empty()) {
-        llama_sampler* grammar =
-            llama_sampler_init_grammar(model.vocab(), params.grammar.c_str(), "root");
+        llama_sampler* grammar = nullptr;
+        if (params.grammar_lazy) {
+            std::vector<const char*> patterns;
+            for (const auto& p : params.grammar_trigger_patterns) {
+                patterns.push_back(p.c_str());
+            }
+            grammar = llama_sampler_init_grammar_lazy_patterns(
+                model.vocab(), params.grammar.c_str(), "root", patterns.data(), patterns.size(),
+                params.grammar_trigger_tokens.data(), params.grammar_trigger_tokens.size());
+        } else {
+            grammar = llama_sampler_init_grammar(model.vocab(), params.grammar.c_str(), "root");
+        }
         if (grammar == nullptr) {
             llama_sampler_free(chain_);
             chain_ = nullptr;
             throw std::invalid_argument("grammar failed to parse");
+        }
+        try {
+            for (const Token token : params.grammar_prefill) {
+                llama_sampler_accept(grammar, token);
+            }
+        } catch (const std::exception& e) {
+            llama_sampler_free(grammar);
+            llama_sampler_free(chain_);
+            chain_ = nullptr;
+            throw std::invalid_argument(std::string("grammar rejects its prefill: ") + e.what());
         }
         llama_sampler_chain_add(chain_, grammar);
     }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/inference_context.h"
 
@@ -25,14 +27,23 @@ struct SamplingParams {
     float presence_penalty = 0.0f;
     float frequency_penalty = 0.0f;
     int32_t penalty_last_n = 64;
-    std::string grammar;  // GBNF, empty = none
+    std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias) added to the logits
+    std::string grammar;                                // GBNF, empty = none
+    // Lazy grammar: unconstrained until a trigger (a token, or a regex over the generated
+    // text) appears, constrained from there on.
+    bool grammar_lazy = false;
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<int32_t> grammar_trigger_tokens;
+    // Tokens accepted into the grammar before the first sample (text the grammar expects
+    // that the prompt already holds, e.g. a chat template's generation prompt).
+    std::vector<int32_t> grammar_prefill;
 
     bool is_greedy() const { return temperature <= 0.0f; }
 };
 
 class Sampler {
   public:
-    // Throws std::invalid_argument when the grammar does not parse.
+    // Throws std::invalid_argument when the grammar does not parse or rejects its prefill.
     Sampler(const Model& model, const SamplingParams& params);
     ~Sampler();
     Sampler(const Sampler&) = delete;

@@ -22,6 +22,7 @@ struct GenerationStats {
     int32_t cached_tokens = 0;      // prompt tokens restored from the prefix cache
     int32_t completion_tokens = 0;  // reply tokens (a final end-of-generation token is not counted)
     std::string finish_reason;      // "stop" or "length"
+    std::string stop_sequence;      // the stop string that ended the reply ("" for none)
     std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
     double queue_ms = 0;
     double time_to_first_token_ms = 0;

@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,8 +13,14 @@
 #include <thread>
 
 #include "cpp-httplib/httplib.h"
+#include "server/anthropic_api.h"
 #include "server/api_error.h"
+#include "server/api_response.h"
 #include "server/connection_server.h"
+#include "server/json_fields.h"
+#include "server/responses_api.h"
+#include "server/text_output.h"
+#include "server/token_endpoints.h"
 
 namespace skippy::server {
 
@@ -47,33 +54,6 @@ void send_error(httplib::Response& res, int status, const std::string& type,
 void send_error(httplib::Response& res, const ApiError& e) {
     send_error(res, e.status, e.type, e.what(), e.param, e.code);
 }
-
-std::string random_id(const char* prefix) {
-    static std::atomic<uint64_t> counter{0};
-    static const uint64_t salt = std::random_device{}();
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%012llx%04llx", prefix,
-                  static_cast<unsigned long long>(salt & 0xFFFFFFFFFFFFull),
-                  static_cast<unsigned long long>(counter.fetch_add(1) & 0xFFFF));
-    return buf;
-}
-
-json usage_json(const GenerationStats& stats) {
-    return json{{"prompt_tokens", stats.prompt_tokens},
-                {"completion_tokens", stats.completion_tokens},
-                {"total_tokens", stats.prompt_tokens + stats.completion_tokens},
-                {"prompt_tokens_details", {{"cached_tokens", stats.cached_tokens}}}};
-}
-
-json skippy_json(const GenerationStats& stats, double parse_ms) {
-    return json{{"cache", stats.cache_decision},
-                {"parse_ms", parse_ms},
-                {"queue_ms", stats.queue_ms},
-                {"ttft_ms", stats.time_to_first_token_ms},
-                {"total_ms", stats.total_ms}};
-}
-
-std::string sse(const json& chunk) { return "data: " + dump_json(chunk) + "\n\n"; }
 
 std::string ascii_lower(std::string text) {
     for (char& c : text) {
@@ -203,16 +183,29 @@ struct HttpServer::Impl {
           server(connection_limits(options, scheduler)) {}
 
     void setup();
+    // The request carries the API key: "Authorization: Bearer KEY" (OpenAI clients) or
+    // "x-api-key: KEY" (Anthropic clients).
+    bool authorized(const httplib::Request& req) const {
+        const std::string bearer = bearer_token(req.get_header_value("Authorization"));
+        if (!bearer.empty() && secrets_equal(bearer, options.api_key)) {
+            return true;
+        }
+        const std::string key = trim(req.get_header_value("x-api-key"));
+        return !key.empty() && secrets_equal(key, options.api_key);
+    }
     void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-    void respond_blocking(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
-                          const httplib::Request& req, httplib::Response& res);
-    void respond_streaming(const ParsedRequest& parsed, std::shared_ptr<GenerationStream> stream,
-                           std::deque<StreamEvent> first, httplib::Response& res);
-    json response_object(const ParsedRequest& parsed, const std::string& id,
-                         const std::string& text, const std::vector<runtime::Token>& tokens,
-                         const GenerationStats& stats) const;
-    json chunk_object(const ParsedRequest& parsed, const std::string& id, const json& delta,
-                      const json& finish_reason) const;
+    // Runs the request's generations (n choices, one after the other) and answers with
+    // `writer`'s format, streamed or not. `send_error` formats errors before any output.
+    void serve(std::shared_ptr<const ParsedRequest> parsed, std::shared_ptr<ApiResponse> writer,
+               const httplib::Request& req, httplib::Response& res);
+    void handle_anthropic(const httplib::Request& req, httplib::Response& res);
+    void handle_anthropic_count(const httplib::Request& req, httplib::Response& res);
+    void handle_responses(const httplib::Request& req, httplib::Response& res);
+    void handle_tokenize(const httplib::Request& req, httplib::Response& res);
+    void handle_detokenize(const httplib::Request& req, httplib::Response& res);
+    void send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
+                        const std::string& type, const std::string& message) const;
+    bool json_content_type(const httplib::Request& req, httplib::Response& res) const;
     std::string metrics_text() const;
 };
 
@@ -223,8 +216,7 @@ void HttpServer::Impl::setup() {
     server.set_expect_100_continue_handler(
         [this](const httplib::Request& req, httplib::Response& res) {
             if (!options.api_key.empty() && req.path != "/health") {
-                const std::string given = bearer_token(req.get_header_value("Authorization"));
-                if (given.empty() || !secrets_equal(given, options.api_key)) {
+                if (!authorized(req)) {
                     res.set_header("WWW-Authenticate", "Bearer");
                     send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
                                "invalid_api_key");
@@ -243,11 +235,16 @@ void HttpServer::Impl::setup() {
     // Runs before the body is read.
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         if (!options.api_key.empty() && req.path != "/health") {
-            const std::string given = bearer_token(req.get_header_value("Authorization"));
-            if (given.empty() || !secrets_equal(given, options.api_key)) {
+            if (!authorized(req)) {
                 res.set_header("WWW-Authenticate", "Bearer");
-                send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
-                           "invalid_api_key");
+                if (req.path.rfind("/v1/messages", 0) == 0) {
+                    res.status = 401;
+                    res.set_content(dump_json(anthropic_error(401, "Invalid or missing API key")),
+                                    "application/json");
+                } else {
+                    send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                               "invalid_api_key");
+                }
                 return httplib::Server::HandlerResponse::Handled;
             }
         }
@@ -314,11 +311,53 @@ void HttpServer::Impl::setup() {
                         "application/json");
     });
     server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-        json data = json::array({json{{"id", model_id},
-                                      {"object", "model"},
-                                      {"created", static_cast<int64_t>(started)},
-                                      {"owned_by", "skippy"}}});
+        json data = json::array();
+        for (const auto& id : parser.model_ids()) {
+            if (id == "*") {
+                continue;  // the catch-all accepts any name; it is not a model
+            }
+            data.push_back(json{{"id", id},
+                                {"object", "model"},
+                                {"created", static_cast<int64_t>(started)},
+                                {"owned_by", "skippy"},
+                                {"context_length", parser.n_ctx()},
+                                {"max_model_len", parser.n_ctx()}});
+        }
         res.set_content(dump_json(json{{"object", "list"}, {"data", data}}), "application/json");
+    });
+    server.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+        const std::string id = req.matches[1];
+        const auto& ids = parser.model_ids();
+        const bool served = std::find(ids.begin(), ids.end(), id) != ids.end() ||
+                            std::find(ids.begin(), ids.end(), "*") != ids.end();
+        if (!served || id == "*") {
+            send_error(res, 404, "invalid_request_error", "The model '" + id + "' does not exist",
+                       "model", "model_not_found");
+            return;
+        }
+        res.set_content(dump_json(json{{"id", id},
+                                       {"object", "model"},
+                                       {"created", static_cast<int64_t>(started)},
+                                       {"owned_by", "skippy"},
+                                       {"context_length", parser.n_ctx()},
+                                       {"max_model_len", parser.n_ctx()}}),
+                        "application/json");
+    });
+    server.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_anthropic(req, res);
+    });
+    server.Post("/v1/messages/count_tokens",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                    handle_anthropic_count(req, res);
+                });
+    server.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_responses(req, res);
+    });
+    server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_tokenize(req, res);
+    });
+    server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        handle_detokenize(req, res);
     });
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
         res.set_content(metrics_text(), "text/plain; version=0.0.4");
@@ -378,67 +417,29 @@ std::string HttpServer::Impl::metrics_text() const {
     return out.str();
 }
 
-json HttpServer::Impl::response_object(const ParsedRequest& parsed, const std::string& id,
-                                       const std::string& text,
-                                       const std::vector<runtime::Token>& tokens,
-                                       const GenerationStats& stats) const {
-    json choice = {{"index", 0}, {"finish_reason", stats.finish_reason}};
-    json out = {{"id", id},
-                {"created", static_cast<int64_t>(std::time(nullptr))},
-                {"model", parsed.model},
-                {"system_fingerprint", "skippy"},
-                {"usage", usage_json(stats)},
-                {"skippy", skippy_json(stats, parsed.parse_ms)}};
-    if (parsed.endpoint == Endpoint::ChatCompletions) {
-        out["object"] = "chat.completion";
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-    } else {
-        out["object"] = "text_completion";
-        choice["text"] = text;
-        choice["logprobs"] = nullptr;
-    }
-    if (parsed.return_token_ids) {
-        out["skippy"]["completion_token_ids"] = tokens;
-        out["skippy"]["prompt_token_count"] = parsed.generation.prompt.size();
-    }
-    out["choices"] = json::array({choice});
-    return out;
-}
-
-json HttpServer::Impl::chunk_object(const ParsedRequest& parsed, const std::string& id,
-                                    const json& delta, const json& finish_reason) const {
-    json choice = {{"index", 0}, {"finish_reason", finish_reason}};
-    json out = {{"id", id},
-                {"created", static_cast<int64_t>(std::time(nullptr))},
-                {"model", parsed.model},
-                {"system_fingerprint", "skippy"}};
-    if (parsed.endpoint == Endpoint::ChatCompletions) {
-        out["object"] = "chat.completion.chunk";
-        choice["delta"] = delta;
-    } else {
-        out["object"] = "text_completion";
-        choice["text"] = delta.value("content", "");
-        choice["logprobs"] = nullptr;
-    }
-    out["choices"] = json::array({choice});
-    return out;
-}
-
-void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Request& req,
-                                         httplib::Response& res) {
+bool HttpServer::Impl::json_content_type(const httplib::Request& req,
+                                         httplib::Response& res) const {
     const std::string content_type = req.get_header_value("Content-Type");
     if (!is_json_media_type(content_type)) {
         send_error(res, 415, "invalid_request_error",
                    "Content-Type must be application/json (got '" + content_type + "')");
+        return false;
+    }
+    return true;
+}
+
+void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Request& req,
+                                         httplib::Response& res) {
+    if (!json_content_type(req, res)) {
         return;
     }
-    ParsedRequest parsed;
+    auto parsed = std::make_shared<ParsedRequest>();
     try {
         const auto parse_start = std::chrono::steady_clock::now();
-        parsed = parser.parse(endpoint, req.body);
-        parsed.parse_ms = std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - parse_start)
-                              .count();
+        *parsed = parser.parse(endpoint, req.body);
+        parsed->parse_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - parse_start)
+                               .count();
     } catch (const ApiError& e) {
         send_error(res, e);
         return;
@@ -446,172 +447,313 @@ void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Reque
         send_error(res, 400, "invalid_request_error", e.what());
         return;
     }
-    auto stream = std::make_shared<GenerationStream>();
-    switch (scheduler.submit(parsed.generation, stream)) {
-        case Admission::Accepted:
-            break;
-        case Admission::QueueFull:
-            res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-            send_error(res, 429, "rate_limit_error",
-                       "Server is busy: the request queue is full, retry later", "", "queue_full");
-            return;
-        case Admission::Stopped:
-            res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-            send_error(res, 503, "server_error", "Server is shutting down");
-            return;
+    std::shared_ptr<ApiResponse> writer = make_openai_response(parsed, parser.model());
+    serve(parsed, std::move(writer), req, res);
+}
+
+namespace {
+
+// The body as JSON, or a 400 (in `error_format`'s shape).
+json parse_body(const std::string& text) {
+    if (!is_valid_utf8(text)) {
+        throw invalid_request("request body is not valid UTF-8");
     }
-    if (!parsed.stream) {
-        respond_blocking(parsed, stream, req, res);
+    try {
+        return json::parse(text);
+    } catch (const json::exception& e) {
+        throw invalid_request(std::string("request body is not valid JSON: ") + e.what());
+    }
+}
+
+void send_anthropic_error(httplib::Response& res, int status, const std::string& message) {
+    res.status = status;
+    res.set_content(dump_json(anthropic_error(status, message)), "application/json");
+}
+
+}  // namespace
+
+void HttpServer::Impl::handle_anthropic(const httplib::Request& req, httplib::Response& res) {
+    if (!is_json_media_type(req.get_header_value("Content-Type"))) {
+        send_anthropic_error(res, 415, "Content-Type must be application/json");
         return;
+    }
+    auto parsed = std::make_shared<ParsedRequest>();
+    try {
+        const auto parse_start = std::chrono::steady_clock::now();
+        const json body = parse_body(req.body);
+        *parsed = parser.parse(Endpoint::ChatCompletions,
+                               anthropic_to_chat(body, nlohmann::ordered_json::parse(req.body)));
+        parsed->parse_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - parse_start)
+                               .count();
+    } catch (const ApiError& e) {
+        send_anthropic_error(res, e.status, e.what());
+        return;
+    } catch (const std::invalid_argument& e) {
+        send_anthropic_error(res, 400, e.what());
+        return;
+    }
+    serve(parsed, make_anthropic_response(parsed), req, res);
+}
+
+void HttpServer::Impl::handle_anthropic_count(const httplib::Request& req, httplib::Response& res) {
+    try {
+        json body = parse_body(req.body);
+        if (body.is_object() && !body.contains("max_tokens")) {
+            body["max_tokens"] = 1;
+        }
+        const ParsedRequest parsed =
+            parser.parse(Endpoint::ChatCompletions,
+                         anthropic_to_chat(body, nlohmann::ordered_json::parse(req.body)));
+        res.set_content(dump_json(json{{"input_tokens", parsed.generation.prompt.size()}}),
+                        "application/json");
+    } catch (const ApiError& e) {
+        send_anthropic_error(res, e.status, e.what());
+    } catch (const std::invalid_argument& e) {
+        send_anthropic_error(res, 400, e.what());
+    }
+}
+
+void HttpServer::Impl::handle_responses(const httplib::Request& req, httplib::Response& res) {
+    if (!json_content_type(req, res)) {
+        return;
+    }
+    auto parsed = std::make_shared<ParsedRequest>();
+    json body;
+    try {
+        const auto parse_start = std::chrono::steady_clock::now();
+        body = parse_body(req.body);
+        if (body.is_object() && body.contains("previous_response_id") &&
+            !body["previous_response_id"].is_null()) {
+            throw invalid_request(
+                "previous_response_id is not supported: responses are not "
+                "stored, send the whole input",
+                "previous_response_id");
+        }
+        *parsed = parser.parse(Endpoint::ChatCompletions, responses_to_chat(body));
+        parsed->parse_ms = std::chrono::duration<double, std::milli>(
+                               std::chrono::steady_clock::now() - parse_start)
+                               .count();
+    } catch (const ApiError& e) {
+        send_error(res, e);
+        return;
+    } catch (const std::invalid_argument& e) {
+        send_error(res, 400, "invalid_request_error", e.what());
+        return;
+    }
+    serve(parsed, make_responses_response(parsed, std::move(body)), req, res);
+}
+
+void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+    try {
+        res.set_content(dump_json(tokenize_response(parser.model(), parse_body(req.body),
+                                                    options.max_body_bytes)),
+                        "application/json");
+    } catch (const ApiError& e) {
+        send_error(res, e);
+    }
+}
+
+void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+    try {
+        res.set_content(dump_json(detokenize_response(parser.model(), parse_body(req.body))),
+                        "application/json");
+    } catch (const ApiError& e) {
+        send_error(res, e);
+    }
+}
+
+void HttpServer::Impl::send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
+                                      const std::string& type, const std::string& message) const {
+    if (status == 503 || status == 429) {
+        res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+    }
+    res.status = status;
+    res.set_content(dump_json(writer.error_json(status, type, message, "", "")),
+                    "application/json");
+}
+
+namespace {
+
+// The generations of one request: its choices run one after the other.
+struct ChoiceRun {
+    std::shared_ptr<const ParsedRequest> parsed;
+    std::shared_ptr<ApiResponse> writer;
+    size_t choice = 0;
+    std::shared_ptr<GenerationStream> stream;
+    std::deque<StreamEvent> pending;
+    bool started = false;  // streaming: stream_start() sent
+
+    size_t choices() const { return static_cast<size_t>(std::max(parsed->n, 1)); }
+
+    Admission submit(Scheduler& scheduler) {
+        GenerationRequest gen = parsed->generation;
+        if (choice > 0) {
+            gen.render_turn_end = nullptr;  // the conversation continues with choice 0
+            if (gen.sampling.seed != 0xFFFFFFFFu) {
+                gen.sampling.seed += static_cast<uint32_t>(choice);
+            }
+        }
+        writer->prepare_choice(choice, gen);
+        stream = std::make_shared<GenerationStream>();
+        return scheduler.submit(std::move(gen), stream);
+    }
+};
+
+}  // namespace
+
+void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
+                             std::shared_ptr<ApiResponse> writer, const httplib::Request& req,
+                             httplib::Response& res) {
+    auto run = std::make_shared<ChoiceRun>();
+    run->parsed = parsed;
+    run->writer = writer;
+    const auto admit = [&](ChoiceRun& r) {
+        switch (r.submit(scheduler)) {
+            case Admission::Accepted:
+                return true;
+            case Admission::QueueFull:
+                res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+                res.status = 429;
+                res.set_content(dump_json(r.writer->error_json(
+                                    429, "rate_limit_error",
+                                    "Server is busy: the request queue is full, retry later", "",
+                                    "queue_full")),
+                                "application/json");
+                return false;
+            case Admission::Stopped:
+                send_api_error(res, *r.writer, 503, "server_error", "Server is shutting down");
+                return false;
+        }
+        return false;
+    };
+    if (!admit(*run)) {
+        return;
+    }
+    if (!parsed->stream) {
+        // Checked on a timer, not only when no event came: while tokens flow, the wait never
+        // times out, and a client that left would keep its lane until max_tokens.
+        auto next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
+        for (;;) {
+            auto events = run->stream->take_all(kDisconnectCheck);
+            if (events.empty() || std::chrono::steady_clock::now() >= next_check) {
+                next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
+                if (req.is_connection_closed()) {
+                    run->stream->cancel();
+                    return;
+                }
+            }
+            for (auto& event : events) {
+                switch (event.kind) {
+                    case StreamEvent::Kind::Delta:
+                        writer->on_delta(run->choice, event);
+                        break;
+                    case StreamEvent::Kind::Error:
+                        send_api_error(res, *writer, event.http_status, event.error_type,
+                                       event.error_message);
+                        return;
+                    case StreamEvent::Kind::Done:
+                        writer->on_done(run->choice, event.stats);
+                        if (run->choice == 0) {
+                            background.post(parsed->prepare_next_turn);
+                        }
+                        if (++run->choice < run->choices()) {
+                            if (!admit(*run)) {
+                                return;
+                            }
+                            break;
+                        }
+                        res.set_content(writer->finish(), "application/json");
+                        return;
+                }
+            }
+        }
     }
     // Wait for the first event so that errors before any output keep their HTTP status.
     for (;;) {
-        auto events = stream->take_all(kDisconnectCheck);
+        auto events = run->stream->take_all(kDisconnectCheck);
         if (events.empty()) {
             if (req.is_connection_closed()) {
-                stream->cancel();
+                run->stream->cancel();
                 return;
             }
             continue;
         }
         const StreamEvent& first = events.front();
         if (first.kind == StreamEvent::Kind::Error) {
-            if (first.http_status == 503 || first.http_status == 429) {
-                res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-            }
-            send_error(res, first.http_status, first.error_type, first.error_message);
+            send_api_error(res, *writer, first.http_status, first.error_type, first.error_message);
             return;
         }
-        respond_streaming(parsed, stream, std::move(events), res);
-        return;
+        run->pending = std::move(events);
+        break;
     }
-}
-
-void HttpServer::Impl::respond_blocking(const ParsedRequest& parsed,
-                                        std::shared_ptr<GenerationStream> stream,
-                                        const httplib::Request& req, httplib::Response& res) {
-    std::string text;
-    std::vector<runtime::Token> tokens;
-    // Checked on a timer, not only when no event came: while tokens flow, the wait never
-    // times out, and a client that left would keep its lane until max_tokens.
-    auto next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
-    for (;;) {
-        auto events = stream->take_all(kDisconnectCheck);
-        if (events.empty() || std::chrono::steady_clock::now() >= next_check) {
-            next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
-            if (req.is_connection_closed()) {
-                stream->cancel();
-                return;
-            }
-        }
-        for (auto& event : events) {
-            switch (event.kind) {
-                case StreamEvent::Kind::Delta:
-                    text += event.text;
-                    tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
-                    break;
-                case StreamEvent::Kind::Error:
-                    if (event.http_status == 503 || event.http_status == 429) {
-                        res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-                    }
-                    send_error(res, event.http_status, event.error_type, event.error_message);
-                    return;
-                case StreamEvent::Kind::Done:
-                    res.set_content(
-                        dump_json(response_object(
-                            parsed,
-                            random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-"
-                                                                                   : "cmpl-"),
-                            text, tokens, event.stats)),
-                        "application/json");
-                    background.post(parsed.prepare_next_turn);
-                    return;
-            }
-        }
-    }
-}
-
-void HttpServer::Impl::respond_streaming(const ParsedRequest& parsed,
-                                         std::shared_ptr<GenerationStream> stream,
-                                         std::deque<StreamEvent> first, httplib::Response& res) {
-    const std::string id =
-        random_id(parsed.endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
-    auto pending = std::make_shared<std::deque<StreamEvent>>(std::move(first));
-    auto role_sent = std::make_shared<bool>(false);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, parsed, stream, id, pending, role_sent](size_t, httplib::DataSink& sink) {
+        [this, run](size_t, httplib::DataSink& sink) {
             // Everything that is ready goes out in one write.
             std::string out;
-            if (parsed.endpoint == Endpoint::ChatCompletions && !*role_sent) {
-                *role_sent = true;
-                out += sse(chunk_object(parsed, id, json{{"role", "assistant"}, {"content", ""}},
-                                        nullptr));
+            if (!run->started) {
+                run->started = true;
+                out += run->writer->stream_start();
             }
             for (;;) {
-                if (pending->empty()) {
-                    *pending = stream->take_all(out.empty() ? kDisconnectCheck
-                                                            : std::chrono::milliseconds(0));
+                if (run->pending.empty()) {
+                    run->pending = run->stream->take_all(
+                        out.empty() ? kDisconnectCheck : std::chrono::milliseconds(0));
                 }
-                if (pending->empty()) {
+                if (run->pending.empty()) {
                     if (!out.empty()) {
                         if (!sink.write(out.data(), out.size())) {
-                            stream->cancel();
+                            run->stream->cancel();
                             return false;
                         }
                         out.clear();
                         continue;
                     }
                     if (!sink.is_writable()) {
-                        stream->cancel();
+                        run->stream->cancel();
                         return false;
                     }
                     continue;
                 }
-                StreamEvent event = std::move(pending->front());
-                pending->pop_front();
+                StreamEvent event = std::move(run->pending.front());
+                run->pending.pop_front();
                 if (event.kind == StreamEvent::Kind::Delta) {
-                    if (event.text.empty()) {
-                        continue;
-                    }
-                    json delta = {{"content", event.text}};
-                    if (parsed.return_token_ids) {
-                        delta["skippy_token_ids"] = event.tokens;
-                    }
-                    out += sse(chunk_object(parsed, id, delta, nullptr));
+                    out += run->writer->on_delta(run->choice, event);
                     continue;
                 }
                 if (event.kind == StreamEvent::Kind::Error) {
-                    out +=
-                        sse(error_body(event.http_status, event.error_type, event.error_message));
+                    out += run->writer->stream_error(event.http_status, event.error_type,
+                                                     event.error_message);
                 } else {
-                    json last = chunk_object(parsed, id, json::object(), event.stats.finish_reason);
-                    last["skippy"] = skippy_json(event.stats, parsed.parse_ms);
-                    out += sse(last);
-                    if (parsed.include_usage) {
-                        json usage_chunk = chunk_object(parsed, id, json::object(), nullptr);
-                        usage_chunk["choices"] = json::array();
-                        usage_chunk["usage"] = usage_json(event.stats);
-                        out += sse(usage_chunk);
+                    out += run->writer->on_done(run->choice, event.stats);
+                    if (run->choice == 0) {
+                        background.post(run->parsed->prepare_next_turn);
                     }
-                    out += "data: [DONE]\n\n";
+                    if (++run->choice < run->choices()) {
+                        if (run->submit(scheduler) == Admission::Accepted) {
+                            continue;
+                        }
+                        out += run->writer->stream_error(503, "server_error",
+                                                         "Server is busy: the next choice was "
+                                                         "not admitted");
+                    } else {
+                        out += run->writer->finish();
+                    }
                 }
                 if (!sink.write(out.data(), out.size())) {
-                    stream->cancel();
+                    run->stream->cancel();
                     return false;
                 }
                 sink.done();
                 return true;
             }
         },
-        [this, stream, prepare = parsed.prepare_next_turn](bool success) {
+        [run](bool) {
             // Connection finished (normally or not): make sure the lane is freed.
-            if (!stream->closed()) {
-                stream->cancel();
-            }
-            if (success) {
-                background.post(prepare);
+            if (run->stream && !run->stream->closed()) {
+                run->stream->cancel();
             }
         });
 }

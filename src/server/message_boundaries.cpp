@@ -97,30 +97,80 @@ size_t common_prefix(const std::vector<runtime::Token>& a, const std::vector<run
 
 }  // namespace
 
+namespace {
+std::mutex& render_mutex() {
+    static std::mutex mutex;
+    return mutex;
+}
+}  // namespace
+
 std::string render_chat(const runtime::ChatTemplate& chat_template,
                         const std::vector<runtime::ChatMessage>& messages,
-                        bool add_generation_prompt) {
-    static std::mutex render_mutex;
-    std::lock_guard<std::mutex> lock(render_mutex);
-    return chat_template.render(messages, add_generation_prompt);
+                        bool add_generation_prompt, const runtime::ChatContext& context) {
+    std::lock_guard<std::mutex> lock(render_mutex());
+    return chat_template.render(messages, add_generation_prompt, context);
+}
+
+runtime::ChatPrompt apply_chat(const runtime::ChatTemplate& chat_template,
+                               const std::vector<runtime::ChatMessage>& messages,
+                               const runtime::ChatContext& context,
+                               const runtime::ChatConstraints& constraints) {
+    std::lock_guard<std::mutex> lock(render_mutex());
+    return chat_template.apply(messages, context, constraints);
+}
+
+static void hash_text(cache::Sha256& h, const std::string& text) {
+    hash_length(h, text.size());
+    h.update(text.data(), text.size());
 }
 
 cache::Digest extend_message_key(const cache::Digest& key, const runtime::ChatMessage& message) {
     cache::Sha256 h;
     h.update(key.bytes.data(), key.bytes.size());
-    hash_length(h, message.role.size());
-    h.update(message.role.data(), message.role.size());
-    hash_length(h, message.content.size());
-    h.update(message.content.data(), message.content.size());
+    hash_text(h, message.role);
+    hash_text(h, message.content);
+    // Tool calls, tool results and reasoning render too.
+    hash_length(h, message.tool_calls.size());
+    for (const auto& call : message.tool_calls) {
+        hash_text(h, call.id);
+        hash_text(h, call.name);
+        hash_text(h, call.arguments);
+    }
+    hash_text(h, message.tool_call_id);
+    hash_text(h, message.name);
+    hash_text(h, message.reasoning_content);
     return h.finish();
 }
 
-MessageKeys message_keys(const std::vector<runtime::ChatMessage>& messages) {
+std::string chat_context_label(const runtime::ChatContext& context) {
+    if (context.empty()) {
+        return "";
+    }
+    std::string label = "tools:" + std::to_string(context.tools.size()) + ";";
+    for (const auto& tool : context.tools) {
+        for (const std::string* field : {&tool.name, &tool.description, &tool.parameters}) {
+            label += std::to_string(field->size()) + ":" + *field;
+        }
+    }
+    label += "kwargs:" + std::to_string(context.template_kwargs.size()) + ";";
+    for (const auto& [name, value] : context.template_kwargs) {
+        label +=
+            std::to_string(name.size()) + ":" + name + std::to_string(value.size()) + ":" + value;
+    }
+    label += context.enable_thinking ? "think:1" : "think:0";
+    return label;
+}
+
+MessageKeys message_keys(const std::vector<runtime::ChatMessage>& messages,
+                         const std::string& context_label) {
     MessageKeys keys;
     keys.reserve(messages.size() + 1);
     cache::Sha256 h;
     static constexpr char kLabel[] = "skippy.chat-messages.v1";
     h.update(kLabel, sizeof kLabel - 1);
+    if (!context_label.empty()) {
+        hash_text(h, context_label);
+    }
     keys.push_back(h.finish());
     for (const auto& message : messages) {
         keys.push_back(extend_message_key(keys.back(), message));
@@ -209,7 +259,8 @@ void MessageBoundaryFinder::remember(const cache::Digest& key, bool add_generati
 
 void MessageBoundaryFinder::prepare(const cache::Digest& key,
                                     const std::vector<runtime::ChatMessage>& messages,
-                                    bool add_generation_prompt) const {
+                                    bool add_generation_prompt,
+                                    const runtime::ChatContext& context) const {
     const MemoKey memo_key{key, add_generation_prompt};
     {
         std::lock_guard<std::mutex> lock(memo_mutex_);
@@ -219,7 +270,7 @@ void MessageBoundaryFinder::prepare(const cache::Digest& key,
     }
     std::string text;
     try {
-        text = render_chat(chat_template_, messages, add_generation_prompt);
+        text = render_chat(chat_template_, messages, add_generation_prompt, context);
     } catch (const std::exception&) {
         return;
     }
@@ -235,7 +286,8 @@ MessageBoundaryFinder::Stats MessageBoundaryFinder::stats() const {
 
 std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::ChatMessage>& messages,
                                                  const MessageKeys& keys, const std::string& prompt,
-                                                 const std::vector<runtime::Token>& tokens) const {
+                                                 const std::vector<runtime::Token>& tokens,
+                                                 const runtime::ChatContext& context) const {
     // The heads the definition renders, in its order, within the render budget.
     struct Head {
         size_t k = 0;
@@ -299,7 +351,8 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
         } else {
             const std::vector<runtime::ChatMessage> part(
                 messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(head.k));
-            const std::string text = render_chat(chat_template_, part, head.generation_prompt);
+            const std::string text =
+                render_chat(chat_template_, part, head.generation_prompt, context);
             if (text_map.valid() && prompt.compare(0, text.size(), text) == 0) {
                 boundary = text_map.tokens_before(text.size());
             } else {

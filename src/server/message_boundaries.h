@@ -42,16 +42,25 @@
 
 namespace skippy::server {
 
-// ChatTemplate::render through one process-wide lock. llama.cpp's chat rendering calls
-// std::localtime (one static buffer) on every render, so concurrent renders race (found by
-// ThreadSanitizer): every render of the server layer goes through here.
+// ChatTemplate::render / apply through one process-wide lock. llama.cpp's chat rendering
+// calls std::localtime (one static buffer) on every render, so concurrent renders race
+// (found by ThreadSanitizer): every render of the server layer goes through here.
 std::string render_chat(const runtime::ChatTemplate& chat_template,
                         const std::vector<runtime::ChatMessage>& messages,
-                        bool add_generation_prompt);
+                        bool add_generation_prompt, const runtime::ChatContext& context = {});
+runtime::ChatPrompt apply_chat(const runtime::ChatTemplate& chat_template,
+                               const std::vector<runtime::ChatMessage>& messages,
+                               const runtime::ChatContext& context,
+                               const runtime::ChatConstraints& constraints);
 
-// Identity of messages[0, k) for k = 0..n (keys[0] is the empty conversation).
+// Identity of messages[0, k) for k = 0..n (keys[0] is the empty conversation, within the
+// render context named by `context_label`, see chat_context_label()).
 using MessageKeys = std::vector<cache::Digest>;
-MessageKeys message_keys(const std::vector<runtime::ChatMessage>& messages);
+MessageKeys message_keys(const std::vector<runtime::ChatMessage>& messages,
+                         const std::string& context_label = "");
+// A text that identifies what besides the messages shapes a render (tools, template
+// kwargs); "" for the plain context.
+std::string chat_context_label(const runtime::ChatContext& context);
 // Identity of messages[0, k] given the identity of messages[0, k).
 cache::Digest extend_message_key(const cache::Digest& key, const runtime::ChatMessage& message);
 
@@ -72,9 +81,12 @@ class MessageBoundaryFinder {
     // The boundaries of `messages` whose rendered prompt (add_generation_prompt = true) is
     // `prompt`, tokenized as `prompt_tokens`; `keys` = message_keys(messages). Throws what
     // ChatTemplate::render throws.
+    // `context`: the tools and template kwargs every head is rendered with (the keys must
+    // have been made with its label).
     std::vector<int32_t> find(const std::vector<runtime::ChatMessage>& messages,
                               const MessageKeys& keys, const std::string& prompt,
-                              const std::vector<runtime::Token>& prompt_tokens) const;
+                              const std::vector<runtime::Token>& prompt_tokens,
+                              const runtime::ChatContext& context = {}) const;
 
     // Remembers render(messages with identity `key`, add_generation_prompt) == text.
     void remember(const cache::Digest& key, bool add_generation_prompt,
@@ -83,7 +95,7 @@ class MessageBoundaryFinder {
     // Renders and remembers `messages` (identity `key`) unless the memo already has them;
     // render errors are ignored (the request that needs the render will report them).
     void prepare(const cache::Digest& key, const std::vector<runtime::ChatMessage>& messages,
-                 bool add_generation_prompt) const;
+                 bool add_generation_prompt, const runtime::ChatContext& context = {}) const;
 
     // The text of token t (special tokens rendered), from a table built once.
     std::string_view piece(runtime::Token t) const;

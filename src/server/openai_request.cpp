@@ -1,11 +1,16 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <memory>
-#include <optional>
+#include <random>
 
 #include "server/api_error.h"
+#include "server/chat_reply.h"
+#include "server/grammar_limits.h"
+#include "server/json_fields.h"
 #include "server/text_output.h"
 
 namespace skippy::server {
@@ -13,196 +18,6 @@ namespace skippy::server {
 using nlohmann::json;
 
 namespace {
-
-const json* find_field(const json& body, const char* name) {
-    auto it = body.find(name);
-    if (it == body.end() || it->is_null()) {
-        return nullptr;
-    }
-    return &*it;
-}
-
-double number_field(const json& body, const char* name, double fallback, double min, double max) {
-    const json* value = find_field(body, name);
-    if (value == nullptr) {
-        return fallback;
-    }
-    if (!value->is_number()) {
-        throw invalid_request(std::string("'") + name + "' must be a number", name);
-    }
-    const double v = value->get<double>();
-    if (!std::isfinite(v) || v < min || v > max) {
-        throw invalid_request(std::string("'") + name + "' must be between " + std::to_string(min) +
-                                  " and " + std::to_string(max),
-                              name);
-    }
-    return v;
-}
-
-int64_t integer_field(const json& body, const char* name, int64_t fallback, int64_t min,
-                      int64_t max) {
-    const json* value = find_field(body, name);
-    if (value == nullptr) {
-        return fallback;
-    }
-    if (!value->is_number_integer() && !value->is_number_unsigned()) {
-        throw invalid_request(std::string("'") + name + "' must be an integer", name);
-    }
-    if (value->is_number_unsigned() && value->get<uint64_t>() > static_cast<uint64_t>(max)) {
-        throw invalid_request(std::string("'") + name + "' is too large", name);
-    }
-    const int64_t v = value->get<int64_t>();
-    if (v < min || v > max) {
-        throw invalid_request(std::string("'") + name + "' must be between " + std::to_string(min) +
-                                  " and " + std::to_string(max),
-                              name);
-    }
-    return v;
-}
-
-bool bool_field(const json& body, const char* name, bool fallback) {
-    const json* value = find_field(body, name);
-    if (value == nullptr) {
-        return fallback;
-    }
-    if (!value->is_boolean()) {
-        throw invalid_request(std::string("'") + name + "' must be a boolean", name);
-    }
-    return value->get<bool>();
-}
-
-std::string checked_text(const json& value, const std::string& param) {
-    if (!value.is_string()) {
-        throw invalid_request("'" + param + "' must be a string", param);
-    }
-    const auto& text = value.get_ref<const std::string&>();
-    if (!is_valid_utf8(text)) {
-        throw invalid_request("'" + param + "' is not valid UTF-8", param);
-    }
-    return text;
-}
-
-// Skips what llama.cpp's grammar parser treats as space: blanks, newlines, # comments.
-size_t skip_grammar_space(const std::string& g, size_t i) {
-    while (i < g.size()) {
-        if (g[i] == ' ' || g[i] == '\t' || g[i] == '\n' || g[i] == '\r') {
-            ++i;
-        } else if (g[i] == '#') {
-            while (i < g.size() && g[i] != '\n' && g[i] != '\r') {
-                ++i;
-            }
-        } else {
-            break;
-        }
-    }
-    return i;
-}
-
-// Reads the decimal number at `i` (nullopt when there is none or it has over 9 digits).
-std::optional<uint64_t> grammar_number(const std::string& g, size_t& i) {
-    const size_t begin = i;
-    while (i < g.size() && g[i] >= '0' && g[i] <= '9') {
-        ++i;
-    }
-    if (i == begin || i - begin > 9) {
-        return std::nullopt;
-    }
-    return std::stoull(g.substr(begin, i - begin));
-}
-
-// A repetition "{m,n}" starting at `open`: llama.cpp loops (practically) forever on m > n
-// (it counts n - m optional copies in unsigned arithmetic).
-void check_grammar_repetition(const std::string& g, size_t open) {
-    size_t i = skip_grammar_space(g, open + 1);
-    const size_t min_digits = i;
-    const auto min_times = grammar_number(g, i);
-    if (!min_times) {
-        if (i > min_digits) {
-            throw invalid_request("'grammar' has a repetition count that is too large", "grammar");
-        }
-        return;  // not a repetition: llama.cpp reports the syntax error
-    }
-    i = skip_grammar_space(g, i);
-    if (i >= g.size() || g[i] != ',') {
-        return;
-    }
-    i = skip_grammar_space(g, i + 1);
-    const size_t digits = i;
-    const auto max_times = grammar_number(g, i);
-    if (!max_times && i > digits) {
-        throw invalid_request("'grammar' has a repetition count that is too large", "grammar");
-    }
-    if (max_times && *max_times < *min_times) {
-        throw invalid_request("'grammar' has a repetition {m,n} with m > n", "grammar");
-    }
-}
-
-// Checks a GBNF grammar against what llama.cpp's grammar parser (which runs on the
-// scheduler thread) handles without crashing or hanging: nesting of parenthesized groups
-// (it recurses per group), number of rules, size, and repetition bounds. Quoted literals,
-// character classes and comments are skipped, so parentheses inside them do not count.
-void check_grammar(const std::string& grammar, const RequestLimits& limits) {
-    if (grammar.size() > limits.max_grammar_bytes) {
-        throw invalid_request(
-            "'grammar' is longer than " + std::to_string(limits.max_grammar_bytes) + " bytes",
-            "grammar");
-    }
-    enum class State { Normal, Literal, CharClass, Comment };
-    State state = State::Normal;
-    size_t depth = 0;
-    size_t rules = 0;
-    for (size_t i = 0; i < grammar.size(); ++i) {
-        const char c = grammar[i];
-        switch (state) {
-            case State::Normal:
-                if (c == '"') {
-                    state = State::Literal;
-                } else if (c == '[') {
-                    state = State::CharClass;
-                } else if (c == '#') {
-                    state = State::Comment;
-                } else if (c == '(') {
-                    if (++depth > limits.max_grammar_depth) {
-                        throw invalid_request("'grammar' nests groups deeper than " +
-                                                  std::to_string(limits.max_grammar_depth),
-                                              "grammar");
-                    }
-                } else if (c == ')') {
-                    depth = depth > 0 ? depth - 1 : 0;
-                } else if (c == '{') {
-                    check_grammar_repetition(grammar, i);
-                } else if (c == ':' && grammar.compare(i, 3, "::=") == 0) {
-                    if (++rules > limits.max_grammar_rules) {
-                        throw invalid_request("'grammar' has more than " +
-                                                  std::to_string(limits.max_grammar_rules) +
-                                                  " rules",
-                                              "grammar");
-                    }
-                    i += 2;
-                }
-                break;
-            case State::Literal:
-                if (c == '\\') {
-                    ++i;
-                } else if (c == '"') {
-                    state = State::Normal;
-                }
-                break;
-            case State::CharClass:
-                if (c == '\\') {
-                    ++i;
-                } else if (c == ']') {
-                    state = State::Normal;
-                }
-                break;
-            case State::Comment:
-                if (c == '\n' || c == '\r') {
-                    state = State::Normal;
-                }
-                break;
-        }
-    }
-}
 
 ApiError context_length_exceeded(const std::string& message, const char* param) {
     return ApiError(400, "invalid_request_error", message, param, "context_length_exceeded");
@@ -252,6 +67,10 @@ ParsedRequest OpenAiRequestParser::parse(Endpoint endpoint, const std::string& b
         // parse_error, and out_of_range for numbers that overflow a double (1e999).
         throw invalid_request(std::string("request body is not valid JSON: ") + e.what());
     }
+    return parse(endpoint, body);
+}
+
+ParsedRequest OpenAiRequestParser::parse(Endpoint endpoint, const json& body) const {
     if (!body.is_object()) {
         throw invalid_request("request body must be a JSON object");
     }
@@ -274,17 +93,63 @@ ParsedRequest OpenAiRequestParser::parse(Endpoint endpoint, const std::string& b
     return out;
 }
 
-void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) const {
-    if (const json* model = find_field(body, "model")) {
-        out.model = checked_text(*model, "model");
-        if (std::find(model_ids_.begin(), model_ids_.end(), out.model) == model_ids_.end()) {
-            throw ApiError(404, "invalid_request_error",
-                           "The model '" + out.model + "' does not exist", "model",
-                           "model_not_found");
-        }
-    } else {
-        out.model = model_ids_.front();
+std::string OpenAiRequestParser::resolve_model(const json* model) const {
+    if (model == nullptr) {
+        return model_ids_.front();
     }
+    const std::string name = checked_text(*model, "model");
+    const bool known = std::find(model_ids_.begin(), model_ids_.end(), name) != model_ids_.end();
+    const bool any = std::find(model_ids_.begin(), model_ids_.end(), "*") != model_ids_.end();
+    if (!known && !any) {
+        throw ApiError(404, "invalid_request_error", "The model '" + name + "' does not exist",
+                       "model", "model_not_found");
+    }
+    return name;
+}
+
+namespace {
+
+// Fields every generation request may carry (both endpoints).
+#define SKIPPY_COMMON_FIELDS                                                                      \
+    {"model", FieldUse::Honored}, {"stream", FieldUse::Honored},                                  \
+        {"stream_options", FieldUse::Honored}, {"n", FieldUse::Honored},                          \
+        {"max_tokens", FieldUse::Honored}, {"temperature", FieldUse::Honored},                    \
+        {"top_p", FieldUse::Honored}, {"top_k", FieldUse::Honored}, {"min_p", FieldUse::Honored}, \
+        {"presence_penalty", FieldUse::Honored}, {"frequency_penalty", FieldUse::Honored},        \
+        {"repeat_penalty", FieldUse::Honored}, {"seed", FieldUse::Honored},                       \
+        {"grammar", FieldUse::Honored}, {"stop", FieldUse::Honored},                              \
+        {"ignore_eos", FieldUse::Honored}, {"cache_prompt", FieldUse::Honored},                   \
+        {"prompt_cache_key", FieldUse::Honored}, {"return_token_ids", FieldUse::Honored},         \
+        {"logprobs", FieldUse::Honored}, {"logit_bias", FieldUse::Honored},                       \
+        {"response_format", FieldUse::Honored}, {"user", FieldUse::Ignored},                      \
+        {"metadata", FieldUse::Ignored}, {"store", FieldUse::Ignored},                            \
+        {"service_tier", FieldUse::Ignored}, {"safety_identifier", FieldUse::Ignored}, {          \
+        "prompt_cache_retention", FieldUse::Ignored                                               \
+    }
+
+}  // namespace
+
+void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) const {
+    if (out.endpoint == Endpoint::ChatCompletions) {
+        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS,
+                                     {"messages", FieldUse::Honored},
+                                     {"max_completion_tokens", FieldUse::Honored},
+                                     {"tools", FieldUse::Honored},
+                                     {"tool_choice", FieldUse::Honored},
+                                     {"parallel_tool_calls", FieldUse::Honored},
+                                     {"top_logprobs", FieldUse::Honored},
+                                     {"chat_template_kwargs", FieldUse::Honored},
+                                     {"reasoning_effort", FieldUse::Honored},
+                                     {"modalities", FieldUse::Honored},
+                                     {"prediction", FieldUse::Ignored}});
+    } else {
+        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS,
+                                     {"prompt", FieldUse::Honored},
+                                     {"echo", FieldUse::Honored},
+                                     {"best_of", FieldUse::Honored},
+                                     {"suffix", FieldUse::Honored}});
+    }
+    out.model = resolve_model(find_field(body, "model"));
     auto& gen = out.generation;
     auto& s = gen.sampling;
     out.stream = bool_field(body, "stream", false);
@@ -292,12 +157,13 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
         if (!options->is_object()) {
             throw invalid_request("'stream_options' must be an object", "stream_options");
         }
+        reject_unknown_fields(
+            *options,
+            {{"include_usage", FieldUse::Honored}, {"include_obfuscation", FieldUse::Ignored}},
+            "stream_options");
         out.include_usage = bool_field(*options, "include_usage", false);
     }
-    const int64_t n = integer_field(body, "n", 1, 1, 128);
-    if (n != 1) {
-        throw invalid_request("only n=1 is supported", "n");
-    }
+    out.n = static_cast<int>(integer_field(body, "n", 1, 1, 16));
     const int64_t max_ctx = static_cast<int64_t>(limits_.n_ctx);
     int64_t max_tokens = integer_field(body, "max_tokens", -1, 1, 1 << 30);
     max_tokens = integer_field(body, "max_completion_tokens", max_tokens, 1, 1 << 30);
@@ -323,7 +189,40 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
     }
     if (const json* grammar = find_field(body, "grammar")) {
         s.grammar = checked_text(*grammar, "grammar");
-        check_grammar(s.grammar, limits_);
+        check_grammar(s.grammar, GrammarLimits{limits_.max_grammar_bytes, limits_.max_grammar_depth,
+                                               limits_.max_grammar_rules});
+    }
+    if (const json* bias = find_field(body, "logit_bias")) {
+        if (!bias->is_object()) {
+            throw invalid_request("'logit_bias' must be an object of token id -> bias",
+                                  "logit_bias");
+        }
+        if (bias->size() > 1024) {
+            throw invalid_request("'logit_bias' has more than 1024 entries", "logit_bias");
+        }
+        for (const auto& [key, value] : bias->items()) {
+            int64_t token = -1;
+            try {
+                size_t used = 0;
+                token = std::stoll(key, &used);
+                if (used != key.size()) {
+                    token = -1;
+                }
+            } catch (const std::exception&) {
+                token = -1;
+            }
+            if (token < 0 || token >= model_.n_vocab()) {
+                throw invalid_request("'logit_bias' key '" + key + "' is not a token id (0.." +
+                                          std::to_string(model_.n_vocab() - 1) + ")",
+                                      "logit_bias");
+            }
+            if (!value.is_number() || !std::isfinite(value.get<double>()) ||
+                value.get<double>() < -100 || value.get<double>() > 100) {
+                throw invalid_request("'logit_bias' values must be numbers in [-100, 100]",
+                                      "logit_bias");
+            }
+            s.logit_bias.emplace_back(static_cast<int32_t>(token), value.get<float>());
+        }
     }
     if (const json* stop = find_field(body, "stop")) {
         if (stop->is_string()) {
@@ -354,77 +253,48 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
         gen.cache_namespace = checked_text(*key, "prompt_cache_key");
     }
     out.return_token_ids = bool_field(body, "return_token_ids", false);
-    if (bool_field(body, "logprobs", false)) {
-        throw invalid_request("logprobs are not supported", "logprobs");
-    }
-    if (const json* echo = find_field(body, "echo");
-        echo != nullptr && echo->is_boolean() && echo->get<bool>()) {
-        throw invalid_request("echo is not supported", "echo");
+    if (out.endpoint == Endpoint::ChatCompletions) {
+        const bool logprobs = bool_field(body, "logprobs", false);
+        const auto top = integer_field(body, "top_logprobs", -1, 0, 20);
+        if (top >= 0 && !logprobs) {
+            throw invalid_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+        }
+        out.top_logprobs = logprobs ? static_cast<int>(std::max<int64_t>(top, 0)) : -1;
+        if (const json* modalities = find_field(body, "modalities");
+            modalities != nullptr && *modalities != json::array({"text"})) {
+            throw invalid_request("only the 'text' modality is supported", "modalities");
+        }
+    } else {
+        // Completions: logprobs is the number of alternatives per token.
+        out.top_logprobs = static_cast<int>(integer_field(body, "logprobs", -1, 0, 20));
+        if (bool_field(body, "echo", false)) {
+            throw invalid_request("echo is not supported", "echo");
+        }
+        if (integer_field(body, "best_of", 1, 1, 1) != 1) {
+            throw invalid_request("only best_of=1 is supported", "best_of");
+        }
+        if (!string_field(body, "suffix", "").empty()) {
+            throw invalid_request("suffix (insertion) is not supported", "suffix");
+        }
     }
 }
 
 std::vector<runtime::ChatMessage> OpenAiRequestParser::parse_messages(const json& messages) const {
-    if (!messages.is_array()) {
-        throw invalid_request("'messages' must be an array", "messages");
-    }
-    if (messages.empty()) {
-        throw invalid_request("'messages' must not be empty", "messages");
-    }
-    if (messages.size() > limits_.max_messages) {
-        throw invalid_request("too many messages", "messages");
-    }
-    static const std::vector<std::string> roles = {"system", "developer", "user", "assistant",
-                                                   "tool"};
-    std::vector<runtime::ChatMessage> out;
-    for (size_t i = 0; i < messages.size(); ++i) {
-        const auto& message = messages[i];
-        const std::string where = "messages[" + std::to_string(i) + "]";
-        if (!message.is_object()) {
-            throw invalid_request(where + " must be an object", where);
-        }
-        const json* role = find_field(message, "role");
-        if (role == nullptr || !role->is_string()) {
-            throw invalid_request(where + ".role is required and must be a string",
-                                  where + ".role");
-        }
-        runtime::ChatMessage parsed;
-        parsed.role = role->get<std::string>();
-        if (std::find(roles.begin(), roles.end(), parsed.role) == roles.end()) {
-            throw invalid_request(where + ".role '" + parsed.role +
-                                      "' is not one of system, developer, user, assistant, tool",
-                                  where + ".role");
-        }
-        if (parsed.role == "developer") {
-            parsed.role = "system";
-        }
-        const json* content = find_field(message, "content");
-        if (content == nullptr) {
-            if (parsed.role != "assistant") {
-                throw invalid_request(where + ".content is required", where + ".content");
-            }
-        } else if (content->is_string()) {
-            parsed.content = checked_text(*content, where + ".content");
-        } else if (content->is_array()) {
-            for (const auto& part : *content) {
-                const json* type = part.is_object() ? find_field(part, "type") : nullptr;
-                if (type == nullptr || !type->is_string() || *type != "text" ||
-                    !part.contains("text")) {
-                    throw invalid_request(where + ".content parts must be {type: 'text', text}",
-                                          where + ".content");
-                }
-                if (!parsed.content.empty()) {
-                    parsed.content += "\n";
-                }
-                parsed.content += checked_text(part["text"], where + ".content");
-            }
-        } else {
-            throw invalid_request(where + ".content must be a string or an array of parts",
-                                  where + ".content");
-        }
-        out.push_back(std::move(parsed));
-    }
-    return out;
+    return parse_chat_messages(messages, limits_.chat);
 }
+
+namespace {
+
+std::string random_call_id_base() {
+    static std::atomic<uint64_t> counter{0};
+    static const uint64_t salt = std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "call_%016llx%04llx_", static_cast<unsigned long long>(salt),
+                  static_cast<unsigned long long>(counter.fetch_add(1) & 0xFFFF));
+    return buf;
+}
+
+}  // namespace
 
 void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const {
     const json* messages_json = find_field(body, "messages");
@@ -432,28 +302,91 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         throw invalid_request("'messages' is required", "messages");
     }
     const auto messages = parse_messages(*messages_json);
-    const std::string prompt = render_chat(chat_template_, messages, true);
-    check_text_fits(prompt.size(), "messages");
+    ChatOptions options = parse_chat_options(body, limits_.chat);
     auto& gen = out.generation;
+    if (!options.context.tools.empty() && !chat_template_.supports_tool_calls()) {
+        throw invalid_request("the model's chat template does not support tools", "tools");
+    }
+    if (!gen.sampling.grammar.empty() &&
+        (options.tools_active || !options.constraints.json_schema.empty())) {
+        throw invalid_request("'grammar' cannot be combined with 'tools' or 'response_format'",
+                              "grammar");
+    }
+    const bool structured = options.tools_active || !options.constraints.json_schema.empty() ||
+                            !options.context.empty() || chat_template_.supports_thinking();
+    std::string prompt;
+    if (structured) {
+        runtime::ChatPrompt p =
+            apply_chat(chat_template_, messages, options.context, options.constraints);
+        prompt = std::move(p.prompt);
+        // A promise the format cannot keep is refused, not dropped.
+        if (p.grammar.empty() && options.tools_active &&
+            options.constraints.tool_choice == runtime::ToolChoice::Required) {
+            throw invalid_request(
+                "the model's chat template cannot constrain tool calls: "
+                "tool_choice 'required' or a named function is not available",
+                "tool_choice");
+        }
+        if (p.grammar.empty() && !options.constraints.json_schema.empty()) {
+            throw invalid_request(
+                "the model's chat template cannot constrain the output to "
+                "'response_format'",
+                "response_format");
+        }
+        if (!p.grammar.empty()) {
+            auto& s = gen.sampling;
+            s.grammar = std::move(p.grammar);
+            s.grammar_lazy = p.grammar_lazy;
+            s.grammar_trigger_patterns = std::move(p.trigger_patterns);
+            s.grammar_trigger_tokens = std::move(p.trigger_tokens);
+            s.grammar_prefill = std::move(p.grammar_prefill);
+        }
+        gen.preserved_tokens = std::move(p.preserved_tokens);
+        std::sort(gen.preserved_tokens.begin(), gen.preserved_tokens.end());
+        for (auto& stop : p.additional_stops) {
+            if (std::find(gen.stop.begin(), gen.stop.end(), stop) == gen.stop.end()) {
+                gen.stop.push_back(std::move(stop));
+            }
+        }
+        // Output that needs parsing: tool calls, a response format (a fenced JSON block
+        // is unwrapped), reasoning. Otherwise the text is the content as generated.
+        if (options.tools_active || !options.constraints.json_schema.empty() ||
+            chat_template_.supports_thinking()) {
+            out.chat_parser = std::move(p.parser);
+        }
+        out.tools_active = options.tools_active;
+        out.tool_call_id_base = random_call_id_base();
+    } else {
+        prompt = render_chat(chat_template_, messages, true);
+    }
+    check_text_fits(prompt.size(), "messages");
     gen.prompt = model_.tokenize(prompt, true, true);
     // Before the boundary search: a prompt that cannot fit is rejected cheaply.
     check_prompt_fits(gen.prompt.size(), "messages");
     // Structural record positions: where each earlier message ends in the prompt's tokens.
-    const MessageKeys keys = message_keys(messages);
-    gen.message_boundaries = boundaries_.find(messages, keys, prompt, gen.prompt);
+    auto context = std::make_shared<const runtime::ChatContext>(std::move(options.context));
+    const MessageKeys keys = message_keys(messages, chat_context_label(*context));
+    gen.message_boundaries = boundaries_.find(messages, keys, prompt, gen.prompt, *context);
     // The next turn of this conversation renders this prompt as the head before the reply,
     // and the end of this turn (rendered below) as the head before its new message.
     boundaries_.remember(keys.back(), true, prompt);
     auto history = std::make_shared<const std::vector<runtime::ChatMessage>>(messages);
-    gen.render_turn_end = [this, history, key = keys.back()](const std::string& reply) {
+    gen.render_turn_end = [this, history, context, parser = out.chat_parser,
+                           id_base = out.tool_call_id_base,
+                           key = keys.back()](const std::string& text) {
+        // The assistant message as the client sends it back: content (without reasoning)
+        // and the tool calls with the ids and arguments this response gives them.
+        const runtime::ChatReply reply = parse_reply(parser.get(), text, id_base);
+        runtime::ChatMessage message("assistant", reply.content);
+        message.tool_calls = reply.tool_calls;
         std::vector<runtime::ChatMessage> with_reply = *history;
-        with_reply.push_back(runtime::ChatMessage{"assistant", reply});
-        const std::string text = render_chat(chat_template_, with_reply, false);
-        boundaries_.remember(extend_message_key(key, with_reply.back()), false, text);
-        return model_.tokenize(text, true, true);
+        with_reply.push_back(message);
+        const std::string rendered = render_chat(chat_template_, with_reply, false, *context);
+        boundaries_.remember(extend_message_key(key, message), false, rendered);
+        return model_.tokenize(rendered, true, true);
     };
-    out.prepare_next_turn = [this, history, key = keys.back()] {
-        boundaries_.prepare(key, *history, false);
+    out.prepare_next_turn = [this, history, context, key = keys.back()] {
+        boundaries_.prepare(key, *history, false, *context);
     };
 }
 
@@ -498,6 +431,19 @@ void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out)
     }
     if (gen.prompt.empty()) {
         throw invalid_request("'prompt' must not be empty", "prompt");
+    }
+    const std::string schema =
+        parse_response_format(find_field(body, "response_format"), limits_.chat);
+    if (!schema.empty()) {
+        if (!gen.sampling.grammar.empty()) {
+            throw invalid_request("'grammar' cannot be combined with 'response_format'", "grammar");
+        }
+        try {
+            gen.sampling.grammar = runtime::json_schema_grammar(schema);
+        } catch (const std::invalid_argument& e) {
+            throw invalid_request(std::string("'response_format': ") + e.what(), "response_format",
+                                  "unsupported_schema");
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/chat_template.h"
 #include "runtime/model.h"
+#include "server/chat_request.h"
 #include "server/message_boundaries.h"
 #include "server/scheduler.h"
 
@@ -28,6 +29,7 @@ struct RequestLimits {
     size_t max_grammar_bytes = 32 * 1024;
     size_t max_grammar_depth = 128;
     size_t max_grammar_rules = 2048;
+    ChatLimits chat;  // tools, tool calls, schemas
     // Structural record positions (message_boundaries, see message_boundaries.h): a
     // conversation not seen before costs one chat-template render per earlier message, each
     // over all messages before it (quadratic in the message count). They are computed in
@@ -46,7 +48,13 @@ struct ParsedRequest {
     bool stream = false;
     bool include_usage = false;
     bool return_token_ids = false;
+    int n = 1;              // choices: n generations of the same prompt
+    int top_logprobs = -1;  // -1: no logprobs; else alternatives per token (0..20)
     GenerationRequest generation;
+    // Chat: the output format's parser (tool calls, reasoning); null = the text is content.
+    std::shared_ptr<const runtime::ChatOutputParser> chat_parser;
+    bool tools_active = false;      // tools given, tool_choice != none
+    std::string tool_call_id_base;  // tool call i of the reply gets id base + i
     // Chat: renders what the next turn of this conversation will look up (the messages
     // without generation prompt), off the critical path: call it once the response is sent.
     std::function<void()> prepare_next_turn;
@@ -55,14 +63,21 @@ struct ParsedRequest {
 
 class OpenAiRequestParser {
   public:
+    // model_ids: the names requests may use (the first is reported); "*" accepts any name.
     OpenAiRequestParser(const runtime::Model& model, const runtime::ChatTemplate& chat_template,
                         std::vector<std::string> model_ids, RequestLimits limits);
 
     // Throws ApiError on any invalid input.
     ParsedRequest parse(Endpoint endpoint, const std::string& body) const;
+    ParsedRequest parse(Endpoint endpoint, const nlohmann::json& body) const;
+    // The model id a request names (404 when it is not served); the first id when absent.
+    std::string resolve_model(const nlohmann::json* model) const;
     const MessageBoundaryFinder& boundaries() const { return boundaries_; }
     // Just the JSON-level validation + rendering (no tokenization), exposed for the fuzzer.
     std::vector<runtime::ChatMessage> parse_messages(const nlohmann::json& messages) const;
+    const std::vector<std::string>& model_ids() const { return model_ids_; }
+    const runtime::Model& model() const { return model_; }
+    uint32_t n_ctx() const { return limits_.n_ctx; }
 
   private:
     void parse_common(const nlohmann::json& body, ParsedRequest& out) const;

@@ -420,6 +420,9 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
         slot.request.on_logits(context_->logits_at(batch_index));
     }
     const runtime::Token token = slot.sampler->sample(*context_, batch_index);
+    if (slot.request.on_sampled) {
+        slot.request.on_sampled(token);
+    }
     ++slot.n_sampled;
     if (slot.n_sampled == 1) {
         slot.stats.time_to_first_token_ms = ms_between(slot.enqueued, Clock::now());
@@ -430,7 +433,10 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
     }
     slot.unsent_tokens.push_back(token);
     ++slot.n_reply_tokens;
-    if (slot.output->append(model_.token_to_piece(token, false))) {
+    const auto& preserved = slot.request.preserved_tokens;
+    const bool special = std::binary_search(preserved.begin(), preserved.end(), token);
+    if (slot.output->append(model_.token_to_piece(token, special))) {
+        slot.stats.stop_sequence = slot.output->matched_stop();
         finish_slot(slot, "stop");
         return;
     }

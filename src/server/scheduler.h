@@ -48,6 +48,12 @@ struct GenerationRequest {
     // Called on the scheduler thread with the logits each token is sampled from (tests of
     // exactness compare them bitwise; logprobs can build on it).
     std::function<void(std::span<const float> logits)> on_logits;
+    // Called on the scheduler thread with each sampled token (including a final
+    // end-of-generation token), right after on_logits: the span it got is still valid.
+    std::function<void(runtime::Token token)> on_sampled;
+    // Tokens of the output format (a chat template's tool-call markers) whose text is
+    // generated even when they are special tokens; sorted.
+    std::vector<runtime::Token> preserved_tokens;
 };
 
 struct SchedulerOptions {

@@ -1,6 +1,7 @@
 #include "server/serve_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -37,7 +38,7 @@ std::string cache_dir() {
 
 std::string ensure_demo_model() {
     const std::filesystem::path dir = std::filesystem::path(cache_dir()) / "models";
-    const std::filesystem::path path = dir / "skippy-demo-llama-v1.gguf";
+    const std::filesystem::path path = dir / "skippy-demo-llama-tools-v2.gguf";
     if (std::filesystem::exists(path)) {
         return path.string();
     }
@@ -51,6 +52,11 @@ std::string ensure_demo_model() {
     spec.n_head_kv = 4;
     spec.n_ff = 768;
     spec.seed = 7;
+    // Tool calls out of the box: the Qwen2.5 chat template (tools, <tool_call> JSON calls)
+    // with the Qwen2.5/Qwen3 tokenizer, in which its markers are single tokens.
+    spec.vocab = "qwen3";
+    spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
+    spec.f16 = true;
     std::cerr << "skippy: generating the demo model at " << path << "\n";
     const auto tmp = path.string() + ".tmp";
     runtime::make_random_model(spec, tmp);
@@ -61,7 +67,9 @@ std::string ensure_demo_model() {
 void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("-m,--model", c.model_path, "GGUF model to serve (default: built-in demo)")
         ->envname("SKIPPY_MODEL");
-    app.add_option("--alias", c.model_alias, "model id reported by /v1/models")
+    app.add_option("--alias", c.model_aliases,
+                   "model names served (comma-separated or repeated; '*' accepts any name)")
+        ->delimiter(',')
         ->envname("SKIPPY_MODEL_ALIAS");
     app.add_option("--chat-template-file", c.chat_template_file,
                    "Jinja chat template to use instead of the model's");
@@ -223,22 +231,32 @@ int run_serve(ServeConfig config) {
     const std::string cache_summary = stage_backend.summary;
     Scheduler scheduler(*model, config.scheduler, std::move(stage_backend.backend));
 
-    std::string model_id = config.model_alias;
-    if (model_id.empty()) {
-        model_id = std::filesystem::path(config.model_path).stem().string();
+    std::vector<std::string> model_ids;
+    for (const auto& alias : config.model_aliases) {
+        if (!alias.empty() &&
+            std::find(model_ids.begin(), model_ids.end(), alias) == model_ids.end()) {
+            model_ids.push_back(alias);
+        }
     }
+    if (std::all_of(model_ids.begin(), model_ids.end(), [](const auto& id) { return id == "*"; })) {
+        model_ids.insert(model_ids.begin(),
+                         std::filesystem::path(config.model_path).stem().string());
+    }
+    const std::string model_id = model_ids.front();
     RequestLimits limits;
     limits.n_ctx = scheduler.n_ctx();
-    OpenAiRequestParser parser(*model, chat_template, {model_id}, limits);
+    OpenAiRequestParser parser(*model, chat_template, model_ids, limits);
     HttpServer http(config.http, scheduler, parser, model_id, stage_backend.metrics);
     const int port = http.bind();
 
     std::cerr << "skippy: model " << config.model_path << " (" << model->arch() << ", "
               << runtime::model_kind_name(model->kind()) << ", " << model->n_params()
               << " params)\n"
-              << "skippy: id=" << model_id << " ctx=" << config.scheduler.context.n_ctx
-              << " lanes=" << config.scheduler.lanes << " ctx_per_lane=" << scheduler.n_ctx()
-              << " flash_attn="
+              << "skippy: id=" << model_id
+              << (model_ids.size() > 1 ? " (aliases: " + std::to_string(model_ids.size()) + ")"
+                                       : std::string())
+              << " ctx=" << config.scheduler.context.n_ctx << " lanes=" << config.scheduler.lanes
+              << " ctx_per_lane=" << scheduler.n_ctx() << " flash_attn="
               << runtime::flash_attn_name(
                      runtime::resolve_flash_attn(config.scheduler.context.flash_attn))
               << " threads=" << config.scheduler.context.n_threads

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -15,7 +16,9 @@ namespace skippy::server {
 
 struct ServeConfig {
     std::string model_path;  // empty = built-in demo model (generated once, cached on disk)
-    std::string model_alias;
+    // Model names requests may use (the first one is reported first); "*" accepts any name.
+    // Empty: the file stem.
+    std::vector<std::string> model_aliases;
     std::string chat_template_file;
     HttpServerOptions http;
     SchedulerOptions scheduler;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "nlohmann/json.hpp"
+
 namespace skippy::server {
 
 TextOutput::TextOutput(std::vector<std::string> stop_strings) {
@@ -22,6 +24,7 @@ bool TextOutput::append(std::string_view piece) {
         const size_t found = text_.find(stop, search_from);
         if (found != std::string::npos && found < best) {
             best = found;
+            matched_stop_ = stop;
         }
     }
     if (best != std::string::npos) {
@@ -117,6 +120,15 @@ bool is_valid_utf8(std::string_view text) {
         i += len;
     }
     return true;
+}
+
+std::string as_sent_utf8(const std::string& text) {
+    if (is_valid_utf8(text)) {
+        return text;
+    }
+    const std::string dumped =
+        nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return nlohmann::json::parse(dumped).get<std::string>();
 }
 
 }  // namespace skippy::server

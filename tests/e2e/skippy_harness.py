@@ -22,6 +22,15 @@ MODEL_SPECS = {
     "qwen35": ["--arch", "qwen35", "--layers", "4", "--embd", "128", "--heads", "4", "--ffn", "256"],
     "mamba2": ["--arch", "mamba2", "--layers", "2", "--embd", "128"],
 }
+# Tool-capable models: the Qwen2.5 chat template (tools, <tool_call> JSON calls) and the
+# Qwen2.5/Qwen3 tokenizer, whose <tool_call> / </tool_call> are single tokens.
+TOOL_MODEL_ARGS = ["--vocab", "qwen3", "--chat-template", "Qwen-Qwen2.5-7B-Instruct", "--f16"]
+MODEL_SPECS.update({
+    "llama-tools": ["--arch", "llama", "--layers", "2", "--embd", "128", "--heads", "4",
+                    "--ffn", "256"] + TOOL_MODEL_ARGS,
+    "qwen35-tools": ["--arch", "qwen35", "--layers", "4", "--embd", "128", "--heads", "4",
+                     "--ffn", "256"] + TOOL_MODEL_ARGS,
+})
 
 
 def model_path(kind):
@@ -51,7 +60,7 @@ class Server:
         full_env.setdefault("SKIPPY_CACHE_DISK", "off")
         full_env.update(env or {})
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env=full_env)
+                                     text=True, errors="replace", env=full_env)
         self.port = None
         deadline = time.time() + 120
         while time.time() < deadline:

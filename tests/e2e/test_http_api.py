@@ -129,7 +129,7 @@ class HttpApiTest(unittest.TestCase):
             ("/v1/chat/completions", json.dumps({"messages": [{"role": "wizard",
                                                                "content": "x"}]}).encode(), 400),
             ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],
-                                                 "n": 2}).encode(), 400),
+                                                 "n": 17}).encode(), 400),
             ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],
                                                  "max_tokens": -5}).encode(), 400),
             ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],

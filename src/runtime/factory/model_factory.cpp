@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -246,6 +248,95 @@ void copy_kv(gguf_context* dst, const gguf_context* src, int64_t key_id) {
 
 bool is_tokenizer_key(std::string_view key) { return key.starts_with("tokenizer."); }
 
+// Vocab variants: a vocab file of llama.cpp's models/ whose placeholder tokens get the names
+// (and types) the real tokenizer gives them. llama.cpp's ggml-vocab-qwen2.gguf has the
+// Qwen2 base vocabulary with [PAD151646]... placeholders where Qwen2.5 and Qwen3 have their
+// added tokens (<tool_call>, <think>, ...): "qwen3" restores them at their real ids, so the
+// Qwen2.5 and Qwen3 chat templates (tool calls, thinking) tokenize as with the real model.
+struct AddedToken {
+    int32_t id;
+    const char* text;
+    bool control;  // special=true in the tokenizer's added_tokens (CONTROL), else USER_DEFINED
+};
+struct VocabVariant {
+    const char* name;
+    const char* base;
+    std::vector<AddedToken> added;
+};
+const std::vector<VocabVariant>& vocab_variants() {
+    static const std::vector<VocabVariant> variants = {
+        {"qwen3",
+         "qwen2",
+         {{151646, "<|object_ref_start|>", true},
+          {151647, "<|object_ref_end|>", true},
+          {151648, "<|box_start|>", true},
+          {151649, "<|box_end|>", true},
+          {151650, "<|quad_start|>", true},
+          {151651, "<|quad_end|>", true},
+          {151652, "<|vision_start|>", true},
+          {151653, "<|vision_end|>", true},
+          {151654, "<|vision_pad|>", true},
+          {151655, "<|image_pad|>", true},
+          {151656, "<|video_pad|>", true},
+          {151657, "<tool_call>", false},
+          {151658, "</tool_call>", false},
+          {151659, "<|fim_prefix|>", false},
+          {151660, "<|fim_middle|>", false},
+          {151661, "<|fim_suffix|>", false},
+          {151662, "<|fim_pad|>", false},
+          {151663, "<|repo_name|>", false},
+          {151664, "<|file_sep|>", false},
+          {151665, "<tool_response>", false},
+          {151666, "</tool_response>", false},
+          {151667, "<think>", false},
+          {151668, "</think>", false}}},
+    };
+    return variants;
+}
+
+const VocabVariant* find_vocab_variant(const std::string& name) {
+    for (const auto& v : vocab_variants()) {
+        if (name == v.name) {
+            return &v;
+        }
+    }
+    return nullptr;
+}
+
+// Renames the variant's placeholder tokens in the copied tokenizer keys of `dst`.
+void apply_vocab_variant(gguf_context* dst, const VocabVariant& variant) {
+    const int64_t tokens_id = gguf_find_key(dst, "tokenizer.ggml.tokens");
+    const int64_t types_id = gguf_find_key(dst, "tokenizer.ggml.token_type");
+    if (tokens_id < 0 || types_id < 0 || gguf_get_arr_type(dst, types_id) != GGUF_TYPE_INT32) {
+        fail(std::string("vocab '") + variant.base + "' has no token list and int32 token types");
+    }
+    const size_t n = gguf_get_arr_n(dst, tokens_id);
+    std::vector<std::string> texts(n);
+    for (size_t i = 0; i < n; ++i) {
+        texts[i] = gguf_get_arr_str(dst, tokens_id, i);
+    }
+    const auto* types_data = static_cast<const int32_t*>(gguf_get_arr_data(dst, types_id));
+    std::vector<int32_t> types(types_data, types_data + gguf_get_arr_n(dst, types_id));
+    constexpr int32_t kControl = 3;      // LLAMA_TOKEN_TYPE_CONTROL
+    constexpr int32_t kUserDefined = 4;  // LLAMA_TOKEN_TYPE_USER_DEFINED
+    for (const auto& token : variant.added) {
+        const auto i = static_cast<size_t>(token.id);
+        if (i >= n || i >= types.size() || !texts[i].starts_with("[PAD")) {
+            fail(std::string("vocab '") + variant.base + "' has no placeholder at id " +
+                 std::to_string(token.id));
+        }
+        texts[i] = token.text;
+        types[i] = token.control ? kControl : kUserDefined;
+    }
+    std::vector<const char*> items(n);
+    for (size_t i = 0; i < n; ++i) {
+        items[i] = texts[i].c_str();
+    }
+    gguf_set_arr_str(dst, "tokenizer.ggml.tokens", items.data(), n);
+    gguf_set_arr_data(dst, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(),
+                      types.size());
+}
+
 // Copies every tokenizer.* key of the vocab file into `dst`; returns the token count.
 uint32_t copy_tokenizer(gguf_context* dst, const gguf_context* vocab, const std::string& path) {
     const int64_t tokens_id = gguf_find_key(vocab, "tokenizer.ggml.tokens");
@@ -371,13 +462,36 @@ std::string vocab_gguf_path(const std::string& vocab_name) {
         vocab_name.find("..") != std::string::npos) {
         fail("invalid vocab name '" + vocab_name + "'");
     }
-    const std::string path =
-        std::string(SKIPPY_LLAMA_VOCAB_DIR) + "/ggml-vocab-" + vocab_name + ".gguf";
+    const VocabVariant* variant = find_vocab_variant(vocab_name);
+    const std::string path = std::string(SKIPPY_LLAMA_VOCAB_DIR) + "/ggml-vocab-" +
+                             (variant != nullptr ? variant->base : vocab_name) + ".gguf";
     std::error_code ec;
     if (!fs::is_regular_file(path, ec)) {
         fail("vocab '" + vocab_name + "' not found: " + path);
     }
     return path;
+}
+
+std::string chat_template_text(const std::string& name_or_path) {
+    std::error_code ec;
+    std::string path = name_or_path;
+    if (!fs::is_regular_file(path, ec)) {
+        if (name_or_path.empty() || name_or_path.find('/') != std::string::npos ||
+            name_or_path.find("..") != std::string::npos) {
+            fail("chat template '" + name_or_path + "' not found");
+        }
+        path = std::string(SKIPPY_LLAMA_VOCAB_DIR) + "/templates/" + name_or_path + ".jinja";
+        if (!fs::is_regular_file(path, ec)) {
+            fail("chat template '" + name_or_path + "' not found (no file, and no " + path + ")");
+        }
+    }
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in && !in.eof()) {
+        fail("cannot read chat template " + path);
+    }
+    return text.str();
 }
 
 ModelSpec resolve_model_spec(const ModelSpec& spec) {
@@ -477,6 +591,9 @@ void make_random_model(const ModelSpec& spec_in, const std::string& out_path) {
     GgufPtr vocab = open_gguf(vocab_path, nullptr);
     GgufPtr meta(gguf_init_empty());
     const uint32_t n_vocab = copy_tokenizer(meta.get(), vocab.get(), vocab_path);
+    if (const VocabVariant* variant = find_vocab_variant(spec.vocab)) {
+        apply_vocab_variant(meta.get(), *variant);
+    }
     write_hparams(spec, n_vocab, meta.get());
 
     // 2. Build the model in memory (CPU only: the saver reads tensor->data directly).

@@ -80,8 +80,16 @@ ModelSpec resolve_model_spec(const ModelSpec& spec);
 void make_random_model(const ModelSpec& spec, const std::string& out_path);
 
 // SKIPPY_LLAMA_VOCAB_DIR "/ggml-vocab-<vocab_name>.gguf"; throws std::runtime_error when
-// the file does not exist.
+// the file does not exist. The variant "qwen3" is ggml-vocab-qwen2.gguf with the added
+// tokens of the Qwen2.5/Qwen3 tokenizers (<tool_call>, </tool_call>, <think>, ...) restored
+// at their real ids in place of its [PAD] placeholders.
 std::string vocab_gguf_path(const std::string& vocab_name);
+
+// The Jinja text of a chat template: `name_or_path` is a file path (when it names an existing
+// file) or the stem of one of llama.cpp's models/templates/<NAME>.jinja (for example
+// "Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct"). Throws std::runtime_error
+// when neither exists.
+std::string chat_template_text(const std::string& name_or_path);
 
 // The ChatML-style Jinja template stored in generated models:
 //   <|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]

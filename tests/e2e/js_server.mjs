@@ -1,0 +1,45 @@
+// Shared helpers of the JavaScript end-to-end tests: the generated test models (made by the
+// ctest fixture through skippy_harness.py, or here when missing) and a real skippy server on
+// a loopback port.
+import { spawn, execFileSync } from "node:child_process";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+export function modelPath(kind) {
+  const out = execFileSync("python3", ["-c",
+    `import skippy_harness as h; print(h.model_path(${JSON.stringify(kind)}))`],
+  { cwd: here, env: process.env, encoding: "utf8" });
+  return out.trim();
+}
+
+// Starts `skippy serve` on a free port; resolves to { port, stop() }.
+export async function startServer(model, extraArgs = []) {
+  const proc = spawn(process.env.SKIPPY_BIN, ["serve", "--model", model, "--port", "0",
+    "--threads", process.env.SKIPPY_TEST_THREADS ?? "1", ...extraArgs],
+  { stdio: ["ignore", "ignore", "pipe"] });
+  const port = await new Promise((resolve, reject) => {
+    let log = "";
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 120000);
+    proc.stderr.on("data", (chunk) => {
+      log += chunk;
+      const m = log.match(/listening on http:\/\/[^:]+:(\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(Number(m[1]));
+      }
+    });
+    proc.on("exit", (code) => reject(new Error(`server exited ${code}:\n${log}`)));
+  });
+  proc.stderr.resume();
+  return {
+    port,
+    base: `http://127.0.0.1:${port}`,
+    stop: () => new Promise((resolve) => {
+      if (proc.exitCode !== null) return resolve();
+      proc.on("exit", () => resolve());
+      proc.kill("SIGTERM");
+    }),
+  };
+}
