@@ -206,9 +206,41 @@ std::optional<DiskHit> DiskStore::acquire_longest(const NamespaceId& ns,
     hit.lease = Lease(this, m->entry);
     hit.page = rec.page;
     hit.len = m->len;
+    hit.tokens.assign(query.begin(), query.begin() + static_cast<ptrdiff_t>(m->len));
     hit.descriptor = rec.descriptor;
     hit.payload_bytes = rec.descriptor.payload_bytes;
     return hit;
+}
+
+std::optional<DiskHit> DiskStore::acquire_longest_common(const NamespaceId& ns,
+                                                         std::span<const Token> query) {
+    std::lock_guard lock(mu_);
+    auto m = index_.lookup_exact_common(ns, query);
+    if (!m || !index_.acquire_raw(m->entry)) {
+        ++counters_.misses;
+        return std::nullopt;
+    }
+    ++counters_.hits;
+    const Record& rec = records_.at(m->entry);
+    DiskHit hit;
+    hit.lease = Lease(this, m->entry);
+    hit.page = rec.page;
+    hit.len = m->matched_len;
+    hit.tokens = index_.tokens_of(m->entry);
+    hit.descriptor = rec.descriptor;
+    hit.payload_bytes = rec.descriptor.payload_bytes;
+    return hit;
+}
+
+std::optional<DiskPeek> DiskStore::peek_longest_common(const NamespaceId& ns,
+                                                       std::span<const Token> query) const {
+    std::lock_guard lock(mu_);
+    auto m = index_.peek_exact_common(ns, query);
+    if (!m) {
+        return std::nullopt;
+    }
+    const Record& rec = records_.at(m->entry);
+    return DiskPeek{rec.page, m->matched_len, rec.descriptor, rec.descriptor.payload_bytes};
 }
 
 std::optional<DiskPeek> DiskStore::peek_longest(const NamespaceId& ns,

@@ -193,7 +193,8 @@ struct DiskPeek {
 struct DiskHit {
     Lease lease;  // keeps the entry (and its files) from eviction or deletion
     PageId page;
-    size_t len = 0;
+    size_t len = 0;             // tokens of the query served: query[0, len)
+    std::vector<Token> tokens;  // the entry's path (longer than len for a common-prefix hit)
     PayloadDescriptor descriptor;
     uint64_t payload_bytes = 0;
 };
@@ -263,6 +264,12 @@ class DiskStore final : public LeaseOwner {
     // Longest entry whose path is a prefix of `query`, leased and moved to the LRU front.
     std::optional<DiskHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query);
     std::optional<DiskPeek> peek_longest(const NamespaceId& ns, std::span<const Token> query) const;
+    // The entry sharing the longest common prefix with `query` (its path may go on past
+    // it; len is the common part): for payloads whose every prefix is valid.
+    std::optional<DiskHit> acquire_longest_common(const NamespaceId& ns,
+                                                  std::span<const Token> query);
+    std::optional<DiskPeek> peek_longest_common(const NamespaceId& ns,
+                                                std::span<const Token> query) const;
     bool contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const;
 
     // Reads and verifies the leased entry's payload (disk I/O on the calling thread).

@@ -196,6 +196,27 @@ std::optional<ExactHit> ExactStateCache::acquire_longest(const NamespaceId& ns,
     hit.lease = Lease(this, m->entry);
     hit.page = rec.page;
     hit.len = m->len;
+    hit.stored_len = m->len;
+    hit.descriptor = rec.descriptor;
+    hit.payload_bytes = rec.payload.size;
+    return hit;
+}
+
+std::optional<ExactHit> ExactStateCache::acquire_longest_common(const NamespaceId& ns,
+                                                                std::span<const Token> query) {
+    std::lock_guard lock(mu_);
+    auto m = index_.lookup_exact_common(ns, query);
+    if (!m || !index_.acquire_raw(m->entry)) {
+        ++counters_.misses;
+        return std::nullopt;
+    }
+    ++counters_.hits;
+    const Record& rec = records_.at(m->entry);
+    ExactHit hit;
+    hit.lease = Lease(this, m->entry);
+    hit.page = rec.page;
+    hit.len = m->matched_len;
+    hit.stored_len = m->stored_len;
     hit.descriptor = rec.descriptor;
     hit.payload_bytes = rec.payload.size;
     return hit;
@@ -215,6 +236,17 @@ std::optional<ExactPeek> ExactStateCache::peek_longest(const NamespaceId& ns,
                                                        std::span<const Token> query) const {
     std::lock_guard lock(mu_);
     return peek_locked(ns, query);
+}
+
+std::optional<ExactPeek> ExactStateCache::peek_longest_common(const NamespaceId& ns,
+                                                              std::span<const Token> query) const {
+    std::lock_guard lock(mu_);
+    auto m = index_.peek_exact_common(ns, query);
+    if (!m) {
+        return std::nullopt;
+    }
+    const Record& rec = records_.at(m->entry);
+    return ExactPeek{rec.page, m->matched_len, rec.descriptor, rec.payload.size};
 }
 
 TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns,
@@ -264,13 +296,26 @@ QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns, std::span<co
     if (!id) {
         return QuarantineStatus::NotFound;
     }
-    if (records_.at(*id).page != page) {
+    return quarantine_locked(*id, page);
+}
+
+QuarantineStatus ExactStateCache::quarantine(const ExactHit& hit) {
+    std::lock_guard lock(mu_);
+    auto info = index_.info(hit.lease.entry());
+    if (hit.lease.owner() != this || !info || info->doomed) {
+        return QuarantineStatus::NotFound;
+    }
+    return quarantine_locked(hit.lease.entry(), hit.page);
+}
+
+QuarantineStatus ExactStateCache::quarantine_locked(EntryId id, PageId page) {
+    if (records_.at(id).page != page) {
         return QuarantineStatus::PageMismatch;
     }
-    RemoveResult r = index_.remove(*id, LeasedRemoval::Defer);
+    RemoveResult r = index_.remove(id, LeasedRemoval::Defer);
     ++counters_.quarantined;
     if (r.status == RemoveStatus::Removed) {
-        free_record(*id);
+        free_record(id);
         return QuarantineStatus::Removed;
     }
     ++hidden_entries_;

@@ -97,7 +97,8 @@ struct ExactPeek {
 struct ExactHit {
     Lease lease;
     PageId page;
-    size_t len = 0;
+    size_t len = 0;         // tokens of the query served: query[0, len)
+    size_t stored_len = 0;  // tokens of the entry (> len for a common-prefix hit)
     PayloadDescriptor descriptor;
     uint64_t payload_bytes = 0;
 };
@@ -144,6 +145,13 @@ class ExactStateCache final : public LeaseOwner {
     std::optional<ExactHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query);
     std::optional<ExactPeek> peek_longest(const NamespaceId& ns,
                                           std::span<const Token> query) const;
+    // The entry sharing the longest common prefix with `query` (its path may go on past the
+    // query): for payloads whose every prefix is valid (attention KV only). hit.len is the
+    // common part, hit.stored_len the entry's length.
+    std::optional<ExactHit> acquire_longest_common(const NamespaceId& ns,
+                                                   std::span<const Token> query);
+    std::optional<ExactPeek> peek_longest_common(const NamespaceId& ns,
+                                                 std::span<const Token> query) const;
     TryExactPeek try_peek_longest(const NamespaceId& ns, std::span<const Token> query) const;
 
     // Bytes of a leased entry (MissingBlock if the lease is not from this cache).
@@ -154,6 +162,8 @@ class ExactStateCache final : public LeaseOwner {
 
     // Removes the entry stored exactly at `tokens` if it is `page` (see QuarantineStatus).
     QuarantineStatus quarantine(const NamespaceId& ns, std::span<const Token> tokens, PageId page);
+    // Same for the entry a hit leased (its lease still held or not).
+    QuarantineStatus quarantine(const ExactHit& hit);
 
     bool contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const;
     Presence try_contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const;
@@ -182,6 +192,7 @@ class ExactStateCache final : public LeaseOwner {
     bool over_limits() const;
     bool fits_after_evicting_all(EntryId keep) const;
     void free_record(EntryId entry);
+    QuarantineStatus quarantine_locked(EntryId id, PageId page);
     ExactStateStats stats_locked() const;
     std::optional<PayloadSnapshot> snapshot_of(const Lease& lease) const;
     std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query) const;

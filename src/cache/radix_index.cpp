@@ -13,7 +13,7 @@ struct RadixIndex::Node {
     std::vector<std::unique_ptr<Node>> children;  // sorted by edge.front()
     size_t depth = 0;                             // tokens from the root to this node
     EntryId component[2] = {kNoEntry, kNoEntry};
-    size_t resident_below = 0;  // non-doomed resident entries in this subtree (incl. self)
+    size_t below[2] = {0, 0};  // non-doomed entries of each kind in this subtree (incl. self)
 
     bool has_component() const { return component[0] != kNoEntry || component[1] != kNoEntry; }
 };
@@ -163,7 +163,8 @@ RadixIndex::Node* RadixIndex::ensure_node(Tree& tree, std::span<const Token> tok
         mid->edge.assign(child->edge.begin(), child->edge.begin() + static_cast<ptrdiff_t>(p));
         mid->parent = node;
         mid->depth = node->depth + p;
-        mid->resident_below = child->resident_below;
+        mid->below[0] = child->below[0];
+        mid->below[1] = child->below[1];
         child->edge.erase(child->edge.begin(), child->edge.begin() + static_cast<ptrdiff_t>(p));
         child->parent = mid.get();
         Node* raw_mid = mid.get();
@@ -198,10 +199,10 @@ const RadixIndex::Node* RadixIndex::find_node(const NamespaceId& ns,
     return node;
 }
 
-void RadixIndex::adjust_resident_below(Node* node, int delta) {
+void RadixIndex::adjust_below(ComponentKind kind, Node* node, int delta) {
+    const size_t k = kind_index(kind);
     for (; node != nullptr; node = node->parent) {
-        node->resident_below =
-            static_cast<size_t>(static_cast<ptrdiff_t>(node->resident_below) + delta);
+        node->below[k] = static_cast<size_t>(static_cast<ptrdiff_t>(node->below[k]) + delta);
     }
 }
 
@@ -246,9 +247,7 @@ InsertResult RadixIndex::insert(ComponentKind kind, const NamespaceId& ns,
         entries_.erase(old_id);
         --count_[k];
         node->component[k] = kNoEntry;
-        if (kind == ComponentKind::Resident) {
-            adjust_resident_below(node, -1);
-        }
+        adjust_below(kind, node, -1);
         result.status = InsertStatus::Replaced;
     } else {
         result.status = InsertStatus::Inserted;
@@ -268,9 +267,7 @@ InsertResult RadixIndex::insert(ComponentKind kind, const NamespaceId& ns,
     e.value = value;
     e.last_used = ++clock_;
     node->component[k] = e.id;
-    if (kind == ComponentKind::Resident) {
-        adjust_resident_below(node, +1);
-    }
+    adjust_below(kind, node, +1);
     lru_[k].insert(LruKey{e.last_used, e.id, e.id});
     ++count_[k];
     result.entry = e.id;
@@ -310,23 +307,24 @@ std::optional<ExactMatch> RadixIndex::find_exact(const NamespaceId& ns,
     return ExactMatch{e.id, e.value, best->depth};
 }
 
-std::optional<ResidentMatch> RadixIndex::find_resident(const NamespaceId& ns,
-                                                       std::span<const Token> q) const {
+std::optional<ResidentMatch> RadixIndex::find_common(ComponentKind kind, const NamespaceId& ns,
+                                                     std::span<const Token> q) const {
     const Tree* tree = tree_for(ns);
     if (tree == nullptr) {
         return std::nullopt;
     }
+    const size_t k = kind_index(kind);
     const Node* node = tree->root.get();
     const Node* best = nullptr;
     size_t best_len = 0;
     size_t pos = 0;
     while (pos < q.size()) {
         const Node* child = child_of(node, q[pos]);
-        if (child == nullptr || child->resident_below == 0) {
+        if (child == nullptr || child->below[k] == 0) {
             break;
         }
         const size_t p = common_prefix(child->edge, q.subspan(pos));
-        best = child;  // every resident path below `child` shares these pos + p tokens
+        best = child;  // every path below `child` shares these pos + p tokens
         best_len = pos + p;
         if (p != child->edge.size()) {
             break;
@@ -337,19 +335,18 @@ std::optional<ResidentMatch> RadixIndex::find_resident(const NamespaceId& ns,
     if (best == nullptr) {
         return std::nullopt;
     }
-    // Any live resident entry in best's subtree serves; take the shallowest-first,
-    // lowest-token path (deterministic).
-    const size_t k = kind_index(ComponentKind::Resident);
+    // Any live entry in best's subtree serves; take the shallowest-first, lowest-token
+    // path (deterministic).
     const Node* m = best;
     while (m->component[k] == kNoEntry || entries_.at(m->component[k]).doomed) {
         const Node* next = nullptr;
         for (const auto& c : m->children) {
-            if (c->resident_below > 0) {
+            if (c->below[k] > 0) {
                 next = c.get();
                 break;
             }
         }
-        m = next;  // resident_below > 0 guarantees a live entry below
+        m = next;  // below[k] > 0 guarantees a live entry below
     }
     const Entry& e = entries_.at(m->component[k]);
     return ResidentMatch{e.id, e.value, best_len, m->depth};
@@ -371,12 +368,26 @@ std::optional<ExactMatch> RadixIndex::lookup_exact(const NamespaceId& ns,
 
 std::optional<ResidentMatch> RadixIndex::peek_resident(const NamespaceId& ns,
                                                        std::span<const Token> query) const {
-    return find_resident(ns, query);
+    return find_common(ComponentKind::Resident, ns, query);
 }
 
 std::optional<ResidentMatch> RadixIndex::lookup_resident(const NamespaceId& ns,
                                                          std::span<const Token> query) {
-    auto m = find_resident(ns, query);
+    auto m = find_common(ComponentKind::Resident, ns, query);
+    if (m) {
+        touch(m->entry);
+    }
+    return m;
+}
+
+std::optional<ResidentMatch> RadixIndex::peek_exact_common(const NamespaceId& ns,
+                                                           std::span<const Token> query) const {
+    return find_common(ComponentKind::Exact, ns, query);
+}
+
+std::optional<ResidentMatch> RadixIndex::lookup_exact_common(const NamespaceId& ns,
+                                                             std::span<const Token> query) {
+    auto m = find_common(ComponentKind::Exact, ns, query);
     if (m) {
         touch(m->entry);
     }
@@ -506,8 +517,8 @@ RemovedEntry RadixIndex::erase_entry(EntryId id) {
     }
     Node* node = e.node;
     node->component[k] = kNoEntry;
-    if (e.kind == ComponentKind::Resident && !e.doomed) {
-        adjust_resident_below(node, -1);
+    if (!e.doomed) {
+        adjust_below(e.kind, node, -1);
     }
     const NamespaceId ns = e.ns;
     entries_.erase(id);
@@ -521,9 +532,7 @@ void RadixIndex::doom(Entry& e) {
         return;
     }
     e.doomed = true;
-    if (e.kind == ComponentKind::Resident) {
-        adjust_resident_below(e.node, -1);
-    }
+    adjust_below(e.kind, e.node, -1);
 }
 
 RemoveResult RadixIndex::remove_entry(Entry& e, LeasedRemoval leased) {
@@ -686,9 +695,9 @@ std::optional<std::string> RadixIndex::check_invariants() const {
             err << "empty tree kept for namespace " << ns.short_hex();
             return err.str();
         }
-        // Post-order check of resident_below; pre-order for the rest.
+        // Post-order check of the per-kind counts below; pre-order for the rest.
         std::vector<std::pair<const Node*, bool>> stack{{root, false}};
-        std::unordered_map<const Node*, size_t> below;
+        std::unordered_map<const Node*, std::pair<size_t, size_t>> below;
         while (!stack.empty()) {
             auto [node, expanded] = stack.back();
             stack.pop_back();
@@ -727,18 +736,21 @@ std::optional<std::string> RadixIndex::check_invariants() const {
                 }
                 continue;
             }
-            size_t sum = 0;
-            const EntryId rid = node->component[kind_index(ComponentKind::Resident)];
-            if (rid != kNoEntry && !entries_.at(rid).doomed) {
-                sum = 1;
+            size_t sum[2] = {0, 0};
+            for (size_t k = 0; k < 2; ++k) {
+                const EntryId id = node->component[k];
+                if (id != kNoEntry && !entries_.at(id).doomed) {
+                    sum[k] = 1;
+                }
             }
             for (const auto& c : node->children) {
-                sum += below.at(c.get());
+                sum[0] += below.at(c.get()).first;
+                sum[1] += below.at(c.get()).second;
             }
-            if (sum != node->resident_below) {
-                return std::string("wrong resident_below count");
+            if (sum[0] != node->below[0] || sum[1] != node->below[1]) {
+                return std::string("wrong per-kind entry count below a node");
             }
-            below[node] = sum;
+            below[node] = {sum[0], sum[1]};
         }
     }
     if (seen.size() != entries_.size()) {

@@ -129,6 +129,13 @@ class RadixIndex final : public LeaseOwner {
                                                std::span<const Token> query) const;
     std::optional<ResidentMatch> lookup_resident(const NamespaceId& ns,
                                                  std::span<const Token> query);
+    // The longest common prefix of `query` with any exact-state path (the stored path may
+    // go on past it): for states whose every prefix is a valid state too (attention KV
+    // only), a stored entry serves any prompt that shares a prefix with it.
+    std::optional<ResidentMatch> peek_exact_common(const NamespaceId& ns,
+                                                   std::span<const Token> query) const;
+    std::optional<ResidentMatch> lookup_exact_common(const NamespaceId& ns,
+                                                     std::span<const Token> query);
 
     // The non-doomed entry of `kind` stored exactly at `tokens`.
     std::optional<EntryId> find(ComponentKind kind, const NamespaceId& ns,
@@ -187,13 +194,13 @@ class RadixIndex final : public LeaseOwner {
     Node* ensure_node(Tree& tree, std::span<const Token> tokens);
     const Node* find_node(const NamespaceId& ns, std::span<const Token> tokens) const;
     std::optional<ExactMatch> find_exact(const NamespaceId& ns, std::span<const Token> q) const;
-    std::optional<ResidentMatch> find_resident(const NamespaceId& ns,
-                                               std::span<const Token> q) const;
+    std::optional<ResidentMatch> find_common(ComponentKind kind, const NamespaceId& ns,
+                                             std::span<const Token> q) const;
     Entry* entry_ptr(EntryId id);
     const Entry* entry_ptr(EntryId id) const;
     EntryInfo make_info(const Entry& e) const;
     RemovedEntry make_removed(const Entry& e) const;
-    void adjust_resident_below(Node* node, int delta);
+    void adjust_below(ComponentKind kind, Node* node, int delta);
     void set_last_used(Entry& e, uint64_t stamp);
     // Detaches the component, erases the entry and re-normalizes the tree.
     RemovedEntry erase_entry(EntryId id);

@@ -112,13 +112,18 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     const auto query = prompt.tokens.first(static_cast<size_t>(limit));
-    const auto ram = exact_->peek_longest(ns, query);
-    const auto on_disk = disk_->peek_longest(ns, query);
+    // Dense entries serve any shared prefix (see restore()).
+    const bool common = !layout_.has_recurrent;
+    const auto ram =
+        common ? exact_->peek_longest_common(ns, query) : exact_->peek_longest(ns, query);
+    const auto on_disk =
+        common ? disk_->peek_longest_common(ns, query) : disk_->peek_longest(ns, query);
     if (!on_disk || (ram && ram->len >= on_disk->len)) {
         return;
     }
-    std::optional<cache::DiskHit> hit = disk_->acquire_longest(ns, query);
-    if (!hit) {
+    std::optional<cache::DiskHit> hit =
+        common ? disk_->acquire_longest_common(ns, query) : disk_->acquire_longest(ns, query);
+    if (!hit || hit->tokens.size() > context_cells_per_lane_) {
         return;
     }
     cache::DiskReadResult read = disk_->read(hit->lease);  // verified; bad entries quarantined
@@ -126,10 +131,9 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
         disk_read_failures_.fetch_add(1);
         return;
     }
-    const auto key = query.first(hit->len);
     const auto cuts = payload_cuts(read.bytes.span(), hit->descriptor);
     const cache::ExactInsertResult r =
-        exact_->insert(ns, key, hit->page, hit->descriptor, read.bytes.span(), cuts);
+        exact_->insert(ns, hit->tokens, hit->page, hit->descriptor, read.bytes.span(), cuts);
     if (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent) {
         disk_promotions_.fetch_add(1);
         std::lock_guard<std::mutex> lock(promoted_mutex_);
@@ -143,6 +147,7 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
 void PrefixCacheStage::attach(runtime::InferenceContext& context, uint32_t n_lanes) {
     lanes_.assign(n_lanes, LaneState{});
     layout_.n_stream = context.n_seq_max();
+    context_cells_per_lane_ = context.n_ctx_seq();
 }
 
 cache::NamespaceId PrefixCacheStage::namespace_for(const std::string& key) const {
@@ -334,7 +339,14 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
         state.has_ns && state.ns == ns ? common_prefix(state.tokens, prompt.tokens, limit) : 0;
     std::optional<cache::ExactHit> hit;
     if (limit >= static_cast<int32_t>(policy_.min_tokens)) {
-        hit = exact_->acquire_longest(ns, prompt.tokens.first(static_cast<size_t>(limit)));
+        const auto query = prompt.tokens.first(static_cast<size_t>(limit));
+        // Attention KV of a prefix does not depend on what follows it: a dense entry serves
+        // every prompt that shares a prefix with it (imported whole, then trimmed).
+        hit = layout_.has_recurrent ? exact_->acquire_longest(ns, query)
+                                    : exact_->acquire_longest_common(ns, query);
+        if (hit && hit->stored_len > context.n_ctx_seq()) {
+            hit.reset();  // recorded by a server with longer lanes
+        }
     }
     const auto stored = hit ? static_cast<int32_t>(hit->len) : 0;
     event.lookup_ms = ms_since(t0);
@@ -405,10 +417,8 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     context.seq_clear(lane);
     event.decision = CacheDecision::Error;
     event.reason = reason;
-    const auto key = prompt.tokens.first(static_cast<size_t>(stored));
-    const cache::PageId page = hit->page;
-    hit.reset();  // release the lease so the entry can go
-    const auto status = exact_->quarantine(ns, key, page);
+    const auto status = exact_->quarantine(*hit);
+    hit.reset();  // the last lease: the entry goes now
     event.quarantined =
         status == cache::QuarantineStatus::Removed || status == cache::QuarantineStatus::Deferred;
     return 0;
@@ -417,7 +427,7 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
 bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId lane,
                                     const cache::ExactHit& hit, bool recurrent_only,
                                     std::string& reason, LookupEvent& event) {
-    const auto n = static_cast<uint32_t>(hit.len);
+    const auto n = static_cast<uint32_t>(hit.stored_len);
     const auto t1 = Clock::now();
     const cache::ReconstructError error = exact_->reconstruct_into(hit.lease, import_buffer_);
     event.reconstruct_ms = ms_since(t1);
@@ -433,11 +443,12 @@ bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId la
     const auto scope =
         recurrent_only ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
     bool ok = context.state_import(blob_buffer_, lane, scope);
-    if (ok && recurrent_only) {
-        ok = context.seq_remove(lane, static_cast<Pos>(n), -1);
+    const auto used = static_cast<Pos>(hit.len);
+    if (ok && (recurrent_only || hit.len < hit.stored_len)) {
+        ok = context.seq_remove(lane, used, -1);  // the entry goes on past the prompt
     }
     event.import_ms = ms_since(t2);
-    if (!ok || context.seq_pos_max(lane) != static_cast<Pos>(n) - 1) {
+    if (!ok || context.seq_pos_max(lane) != used - 1) {
         reason = ok ? "imported state has the wrong length" : "state import failed";
         return false;
     }
@@ -532,9 +543,13 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
             positions.push_back(c.n_tokens);
         }
     } else {
+        // One entry, the longest: a dense entry serves every prefix of itself (restore()).
         positions = record_positions(prompt, state.n_restored, turn_end);
         if (turn_end) {
             positions.push_back(static_cast<int32_t>(canonical.size()));
+        }
+        if (!positions.empty()) {
+            positions = {*std::max_element(positions.begin(), positions.end())};
         }
     }
     // Keep the checkpoints inside what the lane holds (the lane reuses them in place).
@@ -553,6 +568,9 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     std::sort(state.pending.begin(), state.pending.end());
     state.pending.erase(std::unique(state.pending.begin(), state.pending.end()),
                         state.pending.end());
+    if (!layout_.has_recurrent && state.pending.size() > 1) {
+        state.pending.erase(state.pending.begin(), state.pending.end() - 1);  // the longest
+    }
     trim_checkpoints(state);
     update_lane_gauge();
 }

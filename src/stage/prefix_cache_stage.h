@@ -28,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -131,6 +132,7 @@ class PrefixCacheStage final : public StageBackend {
     cache::CandidatePolicy policy_;
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
+    size_t context_cells_per_lane_ = SIZE_MAX;  // set by attach(), read by prefetch()
     std::unique_ptr<cache::ExactStateCache> exact_;
     std::unique_ptr<cache::DiskStore> disk_;  // null: no disk tier
     std::string disk_note_;

@@ -179,7 +179,9 @@ TEST_P(CacheIntegrationTest, RandomByteFlipsAcrossEntriesNeverChangeOutputs) {
             }
         }
     }
-    EXPECT_GE(corrupted, 4u);
+    // Dense lanes keep one entry, the longest (it serves every prefix of itself); the
+    // others one per checkpoint.
+    EXPECT_GE(corrupted, std::string(GetParam()) == "llama" ? 1u : 4u);
     for (size_t i = 0; i < prompts.size(); ++i) {
         EXPECT_EQ(run(*scheduler, prompts[i], 6).tokens, expected[i]) << "prompt " << i;
     }

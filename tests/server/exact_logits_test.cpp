@@ -169,6 +169,25 @@ TEST_P(ExactLogitsTest, EveryRestorePathGivesTheColdLogits) {
     }
 }
 
+TEST_P(ExactLogitsTest, StoredEntryServesASharedPrefix) {
+    // A prompt that diverges from a stored one inside it: dense entries serve the common
+    // prefix (imported, then trimmed); hybrid/recurrent ones only where state was recorded.
+    std::mt19937 rng(41);
+    const auto base = random_tokens(rng, 260);
+    check(base, "cold");
+    for (size_t common : {60u, 131u, 200u}) {
+        SCOPED_TRACE("common prefix " + std::to_string(common));
+        stage_->debug_forget_lanes();
+        std::vector<runtime::Token> prompt(base.begin(), base.begin() + static_cast<long>(common));
+        const auto extra = random_tokens(rng, 23);
+        prompt.insert(prompt.end(), extra.begin(), extra.end());
+        const Result r = check(prompt, "diverging prompt");
+        if (GetParam() == "llama") {
+            EXPECT_EQ(r.stats.cached_tokens, static_cast<int32_t>(common));
+        }
+    }
+}
+
 TEST_P(ExactLogitsTest, ChatTurnEndsAreExact) {
     // A chat whose next request renders prompt + reply + a new message: the end of the
     // turn is prefilled canonically and the next turn restores all of it.
