@@ -43,6 +43,34 @@ TEST_F(RadixIndexTest, ExactLookupFindsLongestStoredPrefix) {
     EXPECT_FALSE(index.peek_exact(test_namespace("other"), T{1, 2, 3}));
 }
 
+TEST_F(RadixIndexTest, ExactCommonLookupMatchesInsideStoredPaths) {
+    index.insert(kExact, ns, T{1, 2, 3, 4, 5, 6}, 60);
+    index.insert(kExact, ns, T{1, 2, 3, 4, 5, 6, 7, 8}, 80);
+    index.insert(kExact, ns, T{1, 2, 9, 9}, 99);
+    // Diverges inside both long paths: the shallowest entry below the divergence serves.
+    auto m = index.peek_exact_common(ns, T{1, 2, 3, 4, 42});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->matched_len, 4u);
+    EXPECT_EQ(m->stored_len, 6u);
+    EXPECT_EQ(m->value, 60u);
+    m = index.peek_exact_common(ns, T{1, 2, 3, 4, 5, 6, 7, 8, 9});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->matched_len, 8u);
+    EXPECT_EQ(m->value, 80u);
+    m = index.peek_exact_common(ns, T{1, 2, 7});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->matched_len, 2u);
+    EXPECT_FALSE(index.peek_exact_common(ns, T{5}));
+    // Resident entries are not exact state; removed ones stop matching.
+    index.insert(kResident, ns, T{5, 6, 7}, 1);
+    EXPECT_FALSE(index.peek_exact_common(ns, T{5, 6}));
+    index.remove(kExact, ns, T{1, 2, 9, 9});
+    m = index.peek_exact_common(ns, T{1, 2, 9});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->matched_len, 2u);
+    EXPECT_NE(m->value, 99u);
+}
+
 TEST_F(RadixIndexTest, ResidentLookupMatchesPrefixOfStoredSequence) {
     const T stored = iota_tokens(10, 1);  // 1..10
     index.insert(kResident, ns, stored, 7);
