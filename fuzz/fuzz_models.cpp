@@ -18,7 +18,7 @@ std::string tiny_model(const std::string& arch, const char* argv0) {
         dir = std::filesystem::absolute(argv0 != nullptr ? argv0 : ".").parent_path();
     }
     std::filesystem::create_directories(dir);
-    const std::filesystem::path path = dir / ("fuzz-" + arch + ".gguf");
+    const std::filesystem::path path = dir / ("fuzz-" + arch + "-tools.gguf");
     if (std::filesystem::exists(path)) {
         return path.string();
     }
@@ -31,6 +31,10 @@ std::string tiny_model(const std::string& arch, const char* argv0) {
     spec.n_ff = 128;
     spec.n_ctx_train = 512;
     spec.seed = 11;
+    // Tool-capable, like the demo model: tools, tool_choice and tool messages render and
+    // build lazy grammars in the fuzzed chat requests.
+    spec.vocab = "qwen3";
+    spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
     // Unique temporary name: several fuzzer processes may start at once.
     const std::string tmp = path.string() + ".tmp" + std::to_string(::getpid());
     runtime::make_random_model(spec, tmp);
