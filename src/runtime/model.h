@@ -47,6 +47,9 @@ class Model {
     std::string token_to_piece(Token token, bool render_special = false) const;
     std::string detokenize(std::span<const Token> tokens, bool render_special = false) const;
     bool is_end_of_generation(Token token) const;
+    // A control or user-defined token (the tokenizer splits text at these before anything
+    // else).
+    bool is_special_token(Token token) const;
     bool is_valid_token(Token token) const { return token >= 0 && token < n_vocab(); }
 
     int32_t n_vocab() const;

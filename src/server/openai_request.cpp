@@ -34,6 +34,7 @@ OpenAiRequestParser::OpenAiRequestParser(const runtime::Model& model,
       limits_(limits),
       boundaries_(model, chat_template, limits.max_boundary_render_cost,
                   limits.boundary_memo_entries),
+      prompt_tokens_(model, limits.boundary_memo_entries == 0 ? 0 : 64),
       max_token_bytes_(boundaries_.max_piece_bytes()) {}
 
 void OpenAiRequestParser::check_text_fits(size_t text_bytes, const char* param) const {
@@ -360,12 +361,13 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         prompt = render_chat(chat_template_, messages, true);
     }
     check_text_fits(prompt.size(), "messages");
-    gen.prompt = model_.tokenize(prompt, true, true);
+    auto context = std::make_shared<const runtime::ChatContext>(std::move(options.context));
+    const MessageKeys keys = message_keys(messages, chat_context_label(*context));
+    // The head this conversation's last turn ended with is tokenized already.
+    gen.prompt = prompt_tokens_.tokenize(prompt, keys);
     // Before the boundary search: a prompt that cannot fit is rejected cheaply.
     check_prompt_fits(gen.prompt.size(), "messages");
     // Structural record positions: where each earlier message ends in the prompt's tokens.
-    auto context = std::make_shared<const runtime::ChatContext>(std::move(options.context));
-    const MessageKeys keys = message_keys(messages, chat_context_label(*context));
     gen.message_boundaries = boundaries_.find(messages, keys, prompt, gen.prompt, *context);
     // The next turn of this conversation renders this prompt as the head before the reply,
     // and the end of this turn (rendered below) as the head before its new message.
@@ -382,8 +384,11 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
         std::vector<runtime::ChatMessage> with_reply = *history;
         with_reply.push_back(message);
         const std::string rendered = render_chat(chat_template_, with_reply, false, *context);
-        boundaries_.remember(extend_message_key(key, message), false, rendered);
-        return model_.tokenize(rendered, true, true);
+        const cache::Digest turn_key = extend_message_key(key, message);
+        boundaries_.remember(turn_key, false, rendered);
+        auto tokens = model_.tokenize(rendered, true, true);
+        prompt_tokens_.remember(turn_key, rendered, tokens);
+        return tokens;
     };
     out.prepare_next_turn = [this, history, context, key = keys.back()] {
         boundaries_.prepare(key, *history, false, *context);

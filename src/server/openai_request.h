@@ -11,6 +11,7 @@
 #include "runtime/model.h"
 #include "server/chat_request.h"
 #include "server/message_boundaries.h"
+#include "server/prompt_token_memo.h"
 #include "server/scheduler.h"
 
 namespace skippy::server {
@@ -73,6 +74,7 @@ class OpenAiRequestParser {
     // The model id a request names (404 when it is not served); the first id when absent.
     std::string resolve_model(const nlohmann::json* model) const;
     const MessageBoundaryFinder& boundaries() const { return boundaries_; }
+    const PromptTokenMemo& prompt_tokens() const { return prompt_tokens_; }
     // Just the JSON-level validation + rendering (no tokenization), exposed for the fuzzer.
     std::vector<runtime::ChatMessage> parse_messages(const nlohmann::json& messages) const;
     const std::vector<std::string>& model_ids() const { return model_ids_; }
@@ -93,6 +95,7 @@ class OpenAiRequestParser {
     std::vector<std::string> model_ids_;
     RequestLimits limits_;
     MessageBoundaryFinder boundaries_;
+    PromptTokenMemo prompt_tokens_;
     size_t max_token_bytes_ = 1;  // longest text any single token stands for
 };
 

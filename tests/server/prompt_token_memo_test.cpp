@@ -1,0 +1,149 @@
+// PromptTokenMemo: a chat prompt tokenized from the remembered end of the previous turn plus
+// its new messages gives exactly the tokens of a whole tokenization, for every shipped chat
+// template, a SentencePiece and a BPE vocabulary (with the template's special tokens), and
+// replies with text that looks like markup.
+#include "server/prompt_token_memo.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/chat_template.h"
+#include "runtime/factory/model_factory.h"
+#include "runtime/model.h"
+#include "server/openai_request.h"
+#include "test_models.h"
+
+namespace skippy::server {
+namespace {
+
+using runtime::ChatMessage;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr size_t kTemplateStride = 16;
+#else
+constexpr size_t kTemplateStride = 3;
+#endif
+constexpr int kTurns = 5;
+
+const runtime::Model& spm_model() {
+    static std::unique_ptr<runtime::Model> model =
+        runtime::Model::load(testing::tiny_model("llama", "prompt-token-memo", 3));
+    return *model;
+}
+
+const runtime::Model& qwen_model() {
+    static std::unique_ptr<runtime::Model> model = [] {
+        const auto path =
+            std::filesystem::temp_directory_path() / "skippy-test-prompt-memo-qwen3-v1.gguf";
+        if (!std::filesystem::exists(path)) {
+            runtime::ModelSpec spec;
+            spec.arch = "llama";
+            spec.n_layer = 1;
+            spec.n_embd = 64;
+            spec.n_head = 2;
+            spec.n_head_kv = 2;
+            spec.n_ff = 64;
+            spec.vocab = "qwen3";
+            spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
+            const auto tmp = path.string() + ".tmp" + std::to_string(::getpid());
+            runtime::make_random_model(spec, tmp);
+            std::filesystem::rename(tmp, path);
+        }
+        return runtime::Model::load(path.string());
+    }();
+    return *model;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Grows a chat through the request parser (which remembers each turn's end); every turn's
+// prompt tokens must equal a whole tokenization. Returns the memo's hits (-1: the template
+// cannot render the chat).
+int64_t grow(const runtime::Model& model, const runtime::ChatTemplate& tmpl,
+             const std::string& what) {
+    RequestLimits limits;
+    limits.n_ctx = 1 << 20;
+    OpenAiRequestParser parser(model, tmpl, {"m"}, limits);
+    std::vector<ChatMessage> messages = {{"system", "You are terse. <|im_start|> is text"}};
+    const std::vector<std::string> replies = {
+        "plain answer", " leading space and trailing newline\n", "<|im_end|> inside",
+        "unicode büyük 🎉 and <b>tags</b>", "x"};
+    for (int turn = 0; turn < kTurns; ++turn) {
+        messages.push_back({"user", "question " + std::to_string(turn) + (turn % 2 ? "\n" : "")});
+        nlohmann::json body = {{"messages", nlohmann::json::array()}};
+        for (const auto& m : messages) {
+            body["messages"].push_back({{"role", m.role}, {"content", m.content}});
+        }
+        ParsedRequest parsed;
+        try {
+            parsed = parser.parse(Endpoint::ChatCompletions, body.dump());
+        } catch (const std::exception&) {
+            return -1;
+        }
+        const std::string prompt = tmpl.render(messages, true);
+        EXPECT_EQ(parsed.generation.prompt, model.tokenize(prompt, true, true))
+            << what << " turn " << turn;
+        const std::string& reply = replies[static_cast<size_t>(turn) % replies.size()];
+        parsed.generation.render_turn_end(reply);
+        messages.push_back({"assistant", reply});
+    }
+    return static_cast<int64_t>(parser.prompt_tokens().stats().hits);
+}
+
+TEST(PromptTokenMemo, ModelTemplatesReuseTheTurnEndTokens) {
+    // Qwen's <|im_start|> is a special token of the qwen3 vocab: every turn after the first
+    // is tokenized from the previous turn's end.
+    runtime::ChatTemplate qwen(qwen_model());
+    EXPECT_EQ(grow(qwen_model(), qwen, "qwen2.5 template, qwen3 vocab"), kTurns - 1);
+    runtime::ChatTemplate spm(spm_model());
+    EXPECT_GE(grow(spm_model(), spm, "default template, llama-spm vocab"), 0);
+}
+
+TEST(PromptTokenMemo, EveryShippedTemplateTokenizesExactly) {
+    const auto dir =
+        std::filesystem::path(runtime::vocab_gguf_path("llama-spm")).parent_path() / "templates";
+    std::vector<std::filesystem::path> all;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+        if (entry.path().extension() == ".jinja") {
+            all.push_back(entry.path());
+        }
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_GT(all.size(), 10u);
+    size_t grown = 0;
+    int64_t hits = 0;
+    for (size_t i = 0; i < all.size(); i += kTemplateStride) {
+        for (const runtime::Model* model : {&spm_model(), &qwen_model()}) {
+            std::unique_ptr<runtime::ChatTemplate> tmpl;
+            try {
+                tmpl = std::make_unique<runtime::ChatTemplate>(*model, read_file(all[i]));
+            } catch (const std::exception&) {
+                continue;
+            }
+            const int64_t h = grow(*model, *tmpl, all[i].filename().string());
+            if (h >= 0) {
+                ++grown;
+                hits += h;
+            }
+        }
+    }
+    std::printf("[memo] %zu template/vocab pairs grown, %lld turns from a remembered head\n", grown,
+                static_cast<long long>(hits));
+    EXPECT_GT(grown, all.size() / kTemplateStride / 2);
+    EXPECT_GT(hits, 0);
+}
+
+}  // namespace
+}  // namespace skippy::server
