@@ -353,13 +353,15 @@ def run(args, command, server, model, make_cmd, cache_dir, serve_argv, load_star
     for c in clients:
         c.start()
     died = False
+    next_report = 60.0
     while time.monotonic() - t0 < args.duration:
         time.sleep(1.0)
         if not server.alive():
             died = True
             break
         elapsed = time.monotonic() - t0
-        if int(elapsed) % 60 == 0:
+        if elapsed >= next_report:
+            next_report += 60.0
             totals = rec.snapshot()
             print(f"soak: {elapsed:4.0f} s  " + "  ".join(f"{k} {v}" for k, v in totals.items()),
                   flush=True)
