@@ -590,6 +590,7 @@ DiskStoreStats DiskStore::stats() const {
     s.mode = mode_;
     s.entries = records_.size() - hidden_entries_;
     s.hidden_entries = hidden_entries_;
+    s.leased_entries = index_.leased_count(ComponentKind::Exact);
     s.blocks = blocks_.size();
     s.block_bytes = all_block_bytes_;
     s.manifest_bytes = manifest_bytes_;

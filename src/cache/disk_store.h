@@ -203,6 +203,7 @@ struct DiskStoreStats {
     DiskMode mode = DiskMode::ReadWrite;
     size_t entries = 0;         // visible entries
     size_t hidden_entries = 0;  // quarantined/removed while leased
+    size_t leased_entries = 0;  // entries (hidden ones included) with a lease held
     size_t blocks = 0;
     uint64_t disk_bytes = 0;      // block_bytes + manifest_bytes
     uint64_t block_bytes = 0;     // unique block files (physical)

@@ -356,6 +356,7 @@ ExactStateStats ExactStateCache::stats_locked() const {
     s.blocks = store_.stats();
     s.entries = records_.size();
     s.hidden_entries = hidden_entries_;
+    s.leased_entries = index_.leased_count(ComponentKind::Exact);
     return s;
 }
 

@@ -119,6 +119,7 @@ const char* to_string(QuarantineStatus status);
 struct ExactStateStats {
     size_t entries = 0;
     size_t hidden_entries = 0;  // quarantined while leased, not yet freed
+    size_t leased_entries = 0;  // entries (hidden ones included) with a lease held
     BlockStoreStats blocks;
     uint64_t inserts = 0;
     uint64_t hits = 0;

@@ -654,6 +654,12 @@ std::vector<EntryInfo> RadixIndex::entries(ComponentKind kind) const {
 
 size_t RadixIndex::size(ComponentKind kind) const { return count_[kind_index(kind)]; }
 
+size_t RadixIndex::leased_count(ComponentKind kind) const {
+    // Every unleased entry is in the LRU set and no leased one is (check_invariants).
+    const size_t k = kind_index(kind);
+    return count_[k] - lru_[k].size();
+}
+
 void RadixIndex::for_each_node(const std::function<void(const Node&)>& visit) const {
     std::vector<const Node*> stack;
     for (const auto& [ns, tree] : trees_) {

@@ -173,6 +173,8 @@ class RadixIndex final : public LeaseOwner {
     std::vector<EntryInfo> entries(ComponentKind kind) const;
 
     size_t size(ComponentKind kind) const;  // includes doomed entries
+    // Entries of `kind` with at least one lease (doomed ones included).
+    size_t leased_count(ComponentKind kind) const;
     size_t size() const { return size(ComponentKind::Resident) + size(ComponentKind::Exact); }
     size_t namespace_count() const { return trees_.size(); }
     size_t node_count() const;

@@ -738,6 +738,11 @@ std::string PrefixCacheStage::metrics_text() const {
         gauge("skippy_cache_logical_bytes", "Payload bytes referenced by entries.",
               static_cast<double>(s->blocks.logical_bytes));
         gauge("skippy_cache_blocks", "Stored blocks.", static_cast<double>(s->blocks.block_count));
+        gauge("skippy_cache_leased_entries", "Exact-state entries held by a lease (a restore).",
+              static_cast<double>(s->leased_entries));
+        gauge("skippy_cache_hidden_entries",
+              "Exact-state entries quarantined while leased, freed at the last release.",
+              static_cast<double>(s->hidden_entries));
     }
     const auto q = queue_->counters();
     gauge("skippy_cache_record_queue_pending", "Record jobs queued or running.",
@@ -752,6 +757,8 @@ std::string PrefixCacheStage::metrics_text() const {
               static_cast<double>(d.entries));
         gauge("skippy_cache_disk_bytes", "Bytes of the disk tier (blocks + manifests).",
               static_cast<double>(d.disk_bytes));
+        gauge("skippy_cache_disk_leased_entries", "Disk entries held by a lease (a read).",
+              static_cast<double>(d.leased_entries));
         gauge("skippy_cache_disk_read_only", "1 when the disk tier stopped writing.",
               d.mode == cache::DiskMode::ReadOnly ? 1.0 : 0.0);
         gauge("skippy_cache_disk_write_queue_depth", "Disk writes queued or running.",

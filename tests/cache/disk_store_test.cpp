@@ -241,6 +241,7 @@ TEST(DiskStore, RemovalWhileLeasedIsDeferred) {
     EXPECT_EQ(store->quarantine(ns, p.tokens, p.page), QuarantineStatus::Deferred);
     EXPECT_FALSE(store->peek_longest(ns, p.tokens));  // hidden at once
     EXPECT_EQ(store->stats().hidden_entries, 1u);
+    EXPECT_EQ(store->stats().leased_entries, 1u);
     std::vector<uint8_t> bytes;
     EXPECT_EQ(store->read_into(hit->lease, bytes), DiskReadError::NotFound);  // never served
     store->flush();
@@ -249,6 +250,7 @@ TEST(DiskStore, RemovalWhileLeasedIsDeferred) {
     store->flush();
     EXPECT_EQ(count_files(tmp.path()), 0u);
     EXPECT_EQ(store->stats().hidden_entries, 0u);
+    EXPECT_EQ(store->stats().leased_entries, 0u);
     EXPECT_EQ(store->debug_check(), std::nullopt);
 }
 

@@ -200,13 +200,16 @@ TEST_F(ExactStateCacheTest, LeasedEntriesAreNotEvicted) {
     ExactStateCache cache(options(1, 1 << 20));
     const T a = test::iota_tokens(10);
     put(cache, a, test::random_bytes(rng, 100));
+    EXPECT_EQ(cache.stats().leased_entries, 0u);
     auto hit = cache.acquire_longest(ns, a);
     ASSERT_TRUE(hit);
+    EXPECT_EQ(cache.stats().leased_entries, 1u);
     ExactInsertResult r = put(cache, test::iota_tokens(10, 50), test::random_bytes(rng, 100));
     EXPECT_EQ(r.status, ExactInsertStatus::NoCapacity);
     EXPECT_TRUE(cache.contains(ns, a, page_for(a)));
     EXPECT_TRUE(cache.reconstruct(hit->lease).ok());
     hit.reset();
+    EXPECT_EQ(cache.stats().leased_entries, 0u);
     EXPECT_EQ(put(cache, test::iota_tokens(10, 50), test::random_bytes(rng, 100)).status,
               ExactInsertStatus::Inserted);
     check(cache);

@@ -167,6 +167,8 @@ TEST_F(RadixIndexTest, EvictionOrderIsDeterministicAndSkipsLeased) {
         ids.push_back(index.insert(kExact, ns, T{t, t}, static_cast<uint64_t>(t)).entry);
     }
     Lease held = index.acquire(ids[0]);
+    EXPECT_EQ(index.leased_count(kExact), 1u);
+    EXPECT_EQ(index.leased_count(kResident), 0u);
     EXPECT_EQ(index.evict_lru(kExact, /*exclude=*/ids[1])->entry, ids[2]);
     EXPECT_EQ(index.evict_lru(kExact)->entry, ids[1]);
     EXPECT_EQ(index.evict_lru(kExact)->entry, ids[3]);
@@ -174,6 +176,7 @@ TEST_F(RadixIndexTest, EvictionOrderIsDeterministicAndSkipsLeased) {
     EXPECT_FALSE(index.evict_lru(kExact));  // only the leased one is left
     EXPECT_FALSE(index.evict_lru(kResident));
     held.reset();
+    EXPECT_EQ(index.leased_count(kExact), 0u);
     EXPECT_EQ(index.evict_lru(kExact)->entry, ids[0]);
     EXPECT_EQ(index.namespace_count(), 0u);
 }
@@ -205,9 +208,12 @@ TEST_F(RadixIndexTest, ReleaseRawReturnsDeferredRemoval) {
     auto r = index.insert(kExact, ns, T{1, 2}, 12);
     ASSERT_TRUE(index.acquire_raw(r.entry));
     ASSERT_TRUE(index.acquire_raw(r.entry));
+    EXPECT_EQ(index.leased_count(kExact), 1u);  // entries, not leases
     EXPECT_EQ(index.remove(r.entry, LeasedRemoval::Defer).status, RemoveStatus::Deferred);
+    EXPECT_EQ(index.leased_count(kExact), 1u);  // doomed, still leased
     EXPECT_FALSE(index.release_raw(r.entry));
     auto removed = index.release_raw(r.entry);
+    EXPECT_EQ(index.leased_count(kExact), 0u);
     ASSERT_TRUE(removed);
     EXPECT_EQ(removed->value, 12u);
     EXPECT_FALSE(index.release_raw(r.entry));

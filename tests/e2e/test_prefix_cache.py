@@ -3,6 +3,7 @@ dense, hybrid and recurrent models (one payload kind, kv-pages): greedy outputs 
 cache on are identical token for token to the cache off, and each turn of a chat prefills
 only what is new."""
 import concurrent.futures
+import time
 import unittest
 
 import skippy_harness as h
@@ -95,6 +96,17 @@ class PrefixCacheKindTest:
         self.assertGreater(m.get("skippy_cache_hits_total", 0), 0)
         self.assertGreater(m["skippy_cache_cached_tokens_total"], 0)
         self.assertEqual(m.get("skippy_cache_errors_total", 0), 0)
+        # Once idle nothing is held: no lane busy (a lane stays busy for a moment after
+        # its reply to prefill the end of the turn), no entry leased by a restore. (The
+        # cache gauges are skipped while the record worker holds the cache lock.)
+        deadline = time.time() + 10
+        while ("skippy_cache_leased_entries" not in m or m["skippy_lanes_busy"] > 0) and \
+                time.time() < deadline:
+            time.sleep(0.1)
+            m = self.server.metrics()
+        self.assertEqual(m["skippy_lanes_busy"], 0)
+        self.assertEqual(m["skippy_cache_leased_entries"], 0)
+        self.assertEqual(m["skippy_cache_hidden_entries"], 0)
 
     def test_06_namespaces_are_isolated(self):
         first = conversation(self.server, ["Tenant question"], key="tenant-a")[0]
