@@ -171,7 +171,8 @@ DiskSubmit DiskStore::submit_write(const NamespaceId& ns, std::span<const Token>
                  descriptor,
                  std::move(bytes),
                  std::move(cuts),
-                 key};
+                 key,
+                 std::chrono::steady_clock::now()};
     counters_.queued_bytes += job.bytes.size();
     queue_.push_back(std::move(job));
     queued_keys_.insert(key);
@@ -602,11 +603,22 @@ DiskStoreStats DiskStore::stats() const {
 
 void DiskStore::flush() {
     std::unique_lock lock(mu_);
+    ++flushers_;
+    work_cv_.notify_all();
     idle_cv_.wait(lock, [&] {
         return (!busy_ && queue_.empty() && dead_manifests_.empty() && dead_blocks_.empty() &&
                 !sweep_pending_) ||
                writer_done_;
     });
+    --flushers_;
+}
+
+void DiskStore::set_foreground_busy(bool busy) {
+    std::lock_guard lock(mu_);
+    if (foreground_busy_ != busy) {
+        foreground_busy_ = busy;
+        work_cv_.notify_all();
+    }
 }
 
 std::optional<DiskStore::DebugFiles> DiskStore::debug_files(const NamespaceId& ns,

@@ -65,6 +65,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -287,6 +288,13 @@ class DiskStore final : public LeaseOwner {
 
     // Waits until the sweep, every queued write and every pending deletion are done.
     void flush();
+    // The request path is computing (true) or idle (false). While it computes, queued
+    // writes wait (their file I/O and the kernel's writeback take CPU time from the
+    // compute threads) unless they have waited kMaxWriteDeferral or the queue holds
+    // kMaxDeferredWrites; flush() and close() never wait for this.
+    void set_foreground_busy(bool busy);
+    static constexpr auto kMaxWriteDeferral = std::chrono::seconds(2);
+    static constexpr size_t kMaxDeferredWrites = 8;
     // Stops the writer (drain: finish queued writes first; else drop them) and unlocks
     // the folder. Reads and lookups keep answering from memory; submits answer Stopped.
     void close(bool drain = true);
@@ -322,6 +330,7 @@ class DiskStore final : public LeaseOwner {
         PayloadBytes bytes;
         std::vector<size_t> cuts;
         Hash128 key;
+        std::chrono::steady_clock::time_point queued_at;
     };
     struct Record {
         uint64_t seq = 0;
@@ -392,7 +401,9 @@ class DiskStore final : public LeaseOwner {
     std::vector<disk::BlockKey> dead_blocks_;               // refs reached 0
     DiskMode mode_ = DiskMode::ReadWrite;
     bool sweep_pending_ = true;
-    bool busy_ = false;  // the writer is running a job, a sweep or deletions
+    bool busy_ = false;             // the writer is running a job, a sweep or deletions
+    bool foreground_busy_ = false;  // see set_foreground_busy()
+    int flushers_ = 0;              // flush() calls waiting: no deferral
     bool stopping_ = false;
     bool drain_ = true;
     bool writer_done_ = false;  // writer_loop returned (or never started)

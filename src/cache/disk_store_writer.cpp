@@ -86,6 +86,16 @@ void DiskStore::writer_loop() {
             counters_.queued_bytes = 0;
             sweep_pending_ = false;
         }
+        // Writes wait while requests compute, within bounds (see set_foreground_busy).
+        if (!sweep_pending_ && dead_manifests_.empty() && dead_blocks_.empty() && !queue_.empty() &&
+            foreground_busy_ && flushers_ == 0 && !stopping_ &&
+            queue_.size() < kMaxDeferredWrites) {
+            const auto deadline = queue_.front().queued_at + kMaxWriteDeferral;
+            if (std::chrono::steady_clock::now() < deadline) {
+                work_cv_.wait_until(lock, deadline);
+                continue;
+            }
+        }
         busy_ = true;
         if (sweep_pending_) {
             lock.unlock();

@@ -191,7 +191,15 @@ void Scheduler::run() {
         }
         admit_pending(admitted);
         if (lanes_busy_.load() > 0) {
+            if (!foreground_busy_) {
+                foreground_busy_ = true;
+                stage_->set_busy(true);
+            }
             step();
+        }
+        if (foreground_busy_ && lanes_busy_.load() == 0) {
+            foreground_busy_ = false;
+            stage_->set_busy(false);
         }
     }
     // Shutting down: nothing more will be served.

@@ -129,6 +129,7 @@ class Scheduler {
     std::condition_variable queue_cv_;
     std::deque<Pending> incoming_;
     bool stopping_ = false;
+    bool foreground_busy_ = false;  // scheduler thread: last set_busy() told the stage
     bool yield_lock_free_ = false;  // scheduler thread: turn-end work must yield a lane
     std::atomic<uint32_t> lanes_busy_{0};
     std::atomic<uint32_t> queued_{0};

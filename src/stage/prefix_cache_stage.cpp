@@ -607,6 +607,12 @@ bool PrefixCacheStage::has_idle_work() {
                        [](const LaneState& s) { return !s.pending.empty(); });
 }
 
+void PrefixCacheStage::set_busy(bool busy) {
+    if (disk_) {
+        disk_->set_foreground_busy(busy);  // disk writes wait for the idle side (bounded)
+    }
+}
+
 void PrefixCacheStage::idle(runtime::InferenceContext& context) {
     for (size_t lane = 0; lane < lanes_.size(); ++lane) {
         flush_lane(context, static_cast<SeqId>(lane));

@@ -68,6 +68,7 @@ class PrefixCacheStage final : public StageBackend {
     void discard(runtime::InferenceContext& context, SeqId lane) override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
     void prefetch(const PromptInfo& prompt) override;
+    void set_busy(bool busy) override;
     bool has_idle_work() override;
     void idle(runtime::InferenceContext& context) override;
     // Lanes whose records still wait for their export (any thread; tests wait for 0).

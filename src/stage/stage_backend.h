@@ -80,6 +80,9 @@ class StageBackend {
     // may bring a longer cached prefix up from a slower tier (disk I/O happens here, never
     // on the scheduler thread).
     virtual void prefetch(const PromptInfo& /*prompt*/) {}
+    // Scheduler thread: requests are computing (true) or the scheduler went idle (false);
+    // background I/O may wait for the idle side.
+    virtual void set_busy(bool /*busy*/) {}
     // Deferred work (records) the stage would like to do while no request is running.
     virtual bool has_idle_work() { return false; }
     virtual void idle(runtime::InferenceContext& /*context*/) {}
