@@ -91,6 +91,54 @@ TEST(DiskStore, LongestPrefixAndNamespaces) {
     EXPECT_EQ(store->stats().misses, 1u);
 }
 
+TEST(DiskStore, CommonPrefixLookupAndTheEntrysTokens) {
+    TempDir tmp;
+    const NamespaceId ns = test_namespace();
+    auto store = open_ok(quiet_options(tmp.path()));
+    const PrefixPayload p = prefix_payload(ns, 4, 192);
+    ASSERT_EQ(submit(*store, ns, p), DiskSubmit::Queued);
+    store->flush();
+    std::vector<Token> q(p.tokens.begin(), p.tokens.begin() + 100);
+    q.push_back(99999);  // diverges inside the stored path
+    EXPECT_FALSE(store->peek_longest(ns, q));
+    auto peek = store->peek_longest_common(ns, q);
+    ASSERT_TRUE(peek);
+    EXPECT_EQ(peek->len, 100u);
+    auto hit = store->acquire_longest_common(ns, q);
+    ASSERT_TRUE(hit);
+    EXPECT_EQ(hit->len, 100u);
+    EXPECT_EQ(hit->tokens, p.tokens);  // the key to promote it under
+    EXPECT_TRUE(store->read(hit->lease).ok());
+}
+
+TEST(DiskStore, WritesWaitWhileTheForegroundComputesWithinBounds) {
+    TempDir tmp;
+    const NamespaceId ns = test_namespace();
+    auto store = open_ok(quiet_options(tmp.path()));
+    store->set_foreground_busy(true);
+    const PrefixPayload a = prefix_payload(ns, 5, 64);
+    ASSERT_EQ(submit(*store, ns, a), DiskSubmit::Queued);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(store->contains(ns, a.tokens, a.page)) << "written while busy";
+    store->set_foreground_busy(false);  // idle: written at once
+    for (int i = 0; i < 200 && !store->contains(ns, a.tokens, a.page); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(store->contains(ns, a.tokens, a.page));
+    // Busy for good: the write still lands after the bounded deferral; flush never waits.
+    store->set_foreground_busy(true);
+    const PrefixPayload b = prefix_payload(ns, 6, 64);
+    ASSERT_EQ(submit(*store, ns, b), DiskSubmit::Queued);
+    store->flush();
+    EXPECT_TRUE(store->contains(ns, b.tokens, b.page));
+    const PrefixPayload c = prefix_payload(ns, 7, 64);
+    ASSERT_EQ(submit(*store, ns, c), DiskSubmit::Queued);
+    for (int i = 0; i < 400 && !store->contains(ns, c.tokens, c.page); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(store->contains(ns, c.tokens, c.page)) << "deferred past the bound";
+}
+
 TEST(DiskStore, LongerPrefixSharesBlocks) {
     TempDir tmp;
     const NamespaceId ns = test_namespace();
