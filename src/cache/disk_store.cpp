@@ -193,44 +193,43 @@ DiskSubmit DiskStore::submit_write(const NamespaceId& ns, std::span<const Token>
 
 // ---- lookups ------------------------------------------------------------------------------
 
-std::optional<DiskHit> DiskStore::acquire_longest(const NamespaceId& ns,
-                                                  std::span<const Token> query) {
-    std::lock_guard lock(mu_);
-    auto m = index_.lookup_exact(ns, query);
-    if (!m || !index_.acquire_raw(m->entry)) {
+std::optional<DiskHit> DiskStore::acquire_locked(EntryId entry, size_t len) {
+    if (!index_.acquire_raw(entry)) {
         ++counters_.misses;
         return std::nullopt;
     }
     ++counters_.hits;
-    const Record& rec = records_.at(m->entry);
+    const Record& rec = records_.at(entry);
     DiskHit hit;
-    hit.lease = Lease(this, m->entry);
+    hit.lease = Lease(this, entry);
     hit.page = rec.page;
-    hit.len = m->len;
-    hit.tokens.assign(query.begin(), query.begin() + static_cast<ptrdiff_t>(m->len));
+    hit.len = len;
+    hit.tokens = index_.tokens_of(entry);
     hit.descriptor = rec.descriptor;
     hit.payload_bytes = rec.descriptor.payload_bytes;
     return hit;
+}
+
+std::optional<DiskHit> DiskStore::acquire_longest(const NamespaceId& ns,
+                                                  std::span<const Token> query) {
+    std::lock_guard lock(mu_);
+    auto m = index_.lookup_exact(ns, query);
+    if (!m) {
+        ++counters_.misses;
+        return std::nullopt;
+    }
+    return acquire_locked(m->entry, m->len);
 }
 
 std::optional<DiskHit> DiskStore::acquire_longest_common(const NamespaceId& ns,
                                                          std::span<const Token> query) {
     std::lock_guard lock(mu_);
     auto m = index_.lookup_exact_common(ns, query);
-    if (!m || !index_.acquire_raw(m->entry)) {
+    if (!m) {
         ++counters_.misses;
         return std::nullopt;
     }
-    ++counters_.hits;
-    const Record& rec = records_.at(m->entry);
-    DiskHit hit;
-    hit.lease = Lease(this, m->entry);
-    hit.page = rec.page;
-    hit.len = m->matched_len;
-    hit.tokens = index_.tokens_of(m->entry);
-    hit.descriptor = rec.descriptor;
-    hit.payload_bytes = rec.descriptor.payload_bytes;
-    return hit;
+    return acquire_locked(m->entry, m->matched_len);
 }
 
 std::optional<DiskPeek> DiskStore::peek_longest_common(const NamespaceId& ns,

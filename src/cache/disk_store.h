@@ -352,6 +352,7 @@ class DiskStore final : public LeaseOwner {
     void load_manifests();
     // Writer thread (disk_store_writer.cpp).
     void writer_loop();
+    std::optional<DiskHit> acquire_locked(EntryId entry, size_t len);  // caller holds mu_
     void sweep();
     void run_write(WriteJob& job);
     bool write_files(const WriteJob& job, std::vector<Planned>& plan, uint64_t seq,

@@ -182,44 +182,44 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
     return result;
 }
 
-std::optional<ExactHit> ExactStateCache::acquire_longest(const NamespaceId& ns,
-                                                         std::span<const Token> query) {
-    std::lock_guard lock(mu_);
-    auto m = index_.lookup_exact(ns, query);
-    if (!m || !index_.acquire_raw(m->entry)) {
+std::optional<ExactHit> ExactStateCache::acquire_locked(EntryId entry, size_t len,
+                                                        size_t stored_len) {
+    if (!index_.acquire_raw(entry)) {
         ++counters_.misses;
         return std::nullopt;
     }
     ++counters_.hits;
-    const Record& rec = records_.at(m->entry);
+    const Record& rec = records_.at(entry);
     ExactHit hit;
-    hit.lease = Lease(this, m->entry);
+    hit.lease = Lease(this, entry);
     hit.page = rec.page;
-    hit.len = m->len;
-    hit.stored_len = m->len;
+    hit.len = len;
+    hit.stored_len = stored_len;
     hit.descriptor = rec.descriptor;
     hit.payload_bytes = rec.payload.size;
     return hit;
+}
+
+std::optional<ExactHit> ExactStateCache::acquire_longest(const NamespaceId& ns,
+                                                         std::span<const Token> query) {
+    std::lock_guard lock(mu_);
+    auto m = index_.lookup_exact(ns, query);
+    if (!m) {
+        ++counters_.misses;
+        return std::nullopt;
+    }
+    return acquire_locked(m->entry, m->len, m->len);
 }
 
 std::optional<ExactHit> ExactStateCache::acquire_longest_common(const NamespaceId& ns,
                                                                 std::span<const Token> query) {
     std::lock_guard lock(mu_);
     auto m = index_.lookup_exact_common(ns, query);
-    if (!m || !index_.acquire_raw(m->entry)) {
+    if (!m) {
         ++counters_.misses;
         return std::nullopt;
     }
-    ++counters_.hits;
-    const Record& rec = records_.at(m->entry);
-    ExactHit hit;
-    hit.lease = Lease(this, m->entry);
-    hit.page = rec.page;
-    hit.len = m->matched_len;
-    hit.stored_len = m->stored_len;
-    hit.descriptor = rec.descriptor;
-    hit.payload_bytes = rec.payload.size;
-    return hit;
+    return acquire_locked(m->entry, m->matched_len, m->stored_len);
 }
 
 std::optional<ExactPeek> ExactStateCache::peek_locked(const NamespaceId& ns,

@@ -194,6 +194,7 @@ class ExactStateCache final : public LeaseOwner {
     bool fits_after_evicting_all(EntryId keep) const;
     void free_record(EntryId entry);
     QuarantineStatus quarantine_locked(EntryId id, PageId page);
+    std::optional<ExactHit> acquire_locked(EntryId entry, size_t len, size_t stored_len);
     ExactStateStats stats_locked() const;
     std::optional<PayloadSnapshot> snapshot_of(const Lease& lease) const;
     std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query) const;

@@ -39,25 +39,8 @@ const runtime::Model& spm_model() {
 }
 
 const runtime::Model& qwen_model() {
-    static std::unique_ptr<runtime::Model> model = [] {
-        const auto path =
-            std::filesystem::temp_directory_path() / "skippy-test-prompt-memo-qwen3-v1.gguf";
-        if (!std::filesystem::exists(path)) {
-            runtime::ModelSpec spec;
-            spec.arch = "llama";
-            spec.n_layer = 1;
-            spec.n_embd = 64;
-            spec.n_head = 2;
-            spec.n_head_kv = 2;
-            spec.n_ff = 64;
-            spec.vocab = "qwen3";
-            spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
-            const auto tmp = path.string() + ".tmp" + std::to_string(::getpid());
-            runtime::make_random_model(spec, tmp);
-            std::filesystem::rename(tmp, path);
-        }
-        return runtime::Model::load(path.string());
-    }();
+    static std::unique_ptr<runtime::Model> model =
+        runtime::Model::load(testing::tiny_tool_model("prompt-token-memo"));
     return *model;
 }
 

@@ -16,6 +16,7 @@
 #include "server/chat_reply.h"
 #include "server/openai_request.h"
 #include "server/schema_support.h"
+#include "test_models.h"
 
 namespace skippy::server {
 namespace {
@@ -25,26 +26,8 @@ using runtime::ChatMessage;
 using runtime::Token;
 
 const runtime::Model& tool_model() {
-    static std::unique_ptr<runtime::Model> model = [] {
-        const auto path =
-            std::filesystem::temp_directory_path() / "skippy-test-tool-chat-qwen3-v1.gguf";
-        if (!std::filesystem::exists(path)) {
-            runtime::ModelSpec spec;
-            spec.arch = "llama";
-            spec.n_layer = 1;
-            spec.n_embd = 64;
-            spec.n_head = 2;
-            spec.n_head_kv = 2;
-            spec.n_ff = 64;
-            spec.f16 = true;
-            spec.vocab = "qwen3";
-            spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
-            const auto tmp = path.string() + ".tmp" + std::to_string(::getpid());
-            runtime::make_random_model(spec, tmp);
-            std::filesystem::rename(tmp, path);
-        }
-        return runtime::Model::load(path.string());
-    }();
+    static std::unique_ptr<runtime::Model> model =
+        runtime::Model::load(skippy::testing::tiny_tool_model("tool-chat"));
     return *model;
 }
 

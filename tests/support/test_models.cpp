@@ -32,6 +32,28 @@ std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t
     return path.string();
 }
 
+std::string tiny_tool_model(const std::string& tag) {
+    const auto dir = std::filesystem::temp_directory_path() / ("skippy-" + tag);
+    std::filesystem::create_directories(dir);
+    const auto path = dir / "tiny-tools-qwen3-v1.gguf";
+    if (!std::filesystem::exists(path)) {
+        runtime::ModelSpec spec;
+        spec.arch = "llama";
+        spec.n_layer = 1;
+        spec.n_embd = 64;
+        spec.n_head = 2;
+        spec.n_head_kv = 2;
+        spec.n_ff = 64;
+        spec.f16 = true;
+        spec.vocab = "qwen3";
+        spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
+        const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
+        runtime::make_random_model(spec, tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    return path.string();
+}
+
 int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
                 const std::vector<runtime::Token>& tokens, size_t from, size_t to, size_t chunk) {
     int32_t last = -1;

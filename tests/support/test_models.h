@@ -14,6 +14,10 @@ namespace skippy::testing {
 // into the temp dir under `tag` (n_embd 128, 2 layers; qwen35: 4 = 3 recurrent + 1 attn).
 std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed);
 
+// Path of a tiny tool-capable dense model (1 layer, f16): the qwen3 vocabulary (Qwen2.5/3
+// added tokens at their real ids) and the Qwen2.5 chat template, made once under `tag`.
+std::string tiny_tool_model(const std::string& tag);
+
 // Decodes tokens[from, to) into `seq`, in chunks ending at multiples of `chunk` (0 = one
 // chunk); returns the batch index of the last token's logits.
 int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
