@@ -21,6 +21,23 @@ else:  # run as a script by make_plots
 FALLBACK_PYTHONS = ("/usr/bin/python3", "/bin/python3")
 
 
+def run_with_matplotlib(script, json_path, out_dir):
+    """Runs `python script json_path out_dir` with the first fallback interpreter other than
+    this one (which has no matplotlib); returns (its stdout, the interpreter), or
+    (None, None) when none succeeded."""
+    for python in FALLBACK_PYTHONS:
+        if not os.path.exists(python) or os.path.realpath(python) == os.path.realpath(sys.executable):
+            continue
+        try:
+            out = subprocess.run([python, os.path.abspath(script), json_path, out_dir],
+                                 capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0:
+            return out.stdout, python
+    return None, None
+
+
 def make_plots(results, json_path, out_dir):
     """Draws in-process if matplotlib imports, else in a fallback interpreter.
     Returns ({name: png file name}, note)."""
@@ -29,19 +46,10 @@ def make_plots(results, json_path, out_dir):
         return draw(results, out_dir), "matplotlib " + matplotlib.__version__
     except ImportError:
         pass
-    for python in FALLBACK_PYTHONS:
-        if not os.path.exists(python) or os.path.realpath(python) == os.path.realpath(sys.executable):
-            continue
-        try:
-            out = subprocess.run([python, os.path.abspath(__file__), json_path, out_dir],
-                                 capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode == 0:
-            return json.loads(out.stdout.strip().splitlines()[-1]), f"matplotlib via {python}"
+    stdout, python = run_with_matplotlib(__file__, json_path, out_dir)
+    if stdout is not None:
+        return json.loads(stdout.strip().splitlines()[-1]), f"matplotlib via {python}"
     return {}, "no matplotlib: plots skipped (apt-get install python3-matplotlib)"
-
-
 
 
 def draw(results, out_dir):

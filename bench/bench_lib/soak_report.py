@@ -6,10 +6,14 @@ file with an interpreter that has it:  /usr/bin/python3 soak_report.py soak.json
 """
 import json
 import os
-import subprocess
 import sys
 
-FALLBACK_PYTHONS = ("/usr/bin/python3", "/bin/python3")
+if __package__:
+    from .plots import run_with_matplotlib
+else:  # run as a script by make_plot
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench_lib.plots import run_with_matplotlib
+
 PNG = "soak_rss.png"
 MIB = 1024 * 1024
 FAILURE_FREE = ("ok", "429", "503", "cancelled")
@@ -22,17 +26,9 @@ def make_plot(results, json_path, out_dir):
         return "matplotlib " + matplotlib.__version__
     except ImportError:
         pass
-    for python in FALLBACK_PYTHONS:
-        if not os.path.exists(python) or \
-                os.path.realpath(python) == os.path.realpath(sys.executable):
-            continue
-        try:
-            out = subprocess.run([python, os.path.abspath(__file__), json_path, out_dir],
-                                 capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode == 0:
-            return f"matplotlib via {python}"
+    _, python = run_with_matplotlib(__file__, json_path, out_dir)
+    if python is not None:
+        return f"matplotlib via {python}"
     return "no matplotlib: plot skipped (apt-get install python3-matplotlib)"
 
 
