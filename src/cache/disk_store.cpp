@@ -211,20 +211,9 @@ std::optional<DiskHit> DiskStore::acquire_locked(EntryId entry, size_t len) {
 }
 
 std::optional<DiskHit> DiskStore::acquire_longest(const NamespaceId& ns,
-                                                  std::span<const Token> query) {
+                                                  std::span<const Token> query, PrefixMatch match) {
     std::lock_guard lock(mu_);
-    auto m = index_.lookup_exact(ns, query);
-    if (!m) {
-        ++counters_.misses;
-        return std::nullopt;
-    }
-    return acquire_locked(m->entry, m->len);
-}
-
-std::optional<DiskHit> DiskStore::acquire_longest_common(const NamespaceId& ns,
-                                                         std::span<const Token> query) {
-    std::lock_guard lock(mu_);
-    auto m = index_.lookup_exact_common(ns, query);
+    auto m = index_.lookup_exact(ns, query, match);
     if (!m) {
         ++counters_.misses;
         return std::nullopt;
@@ -232,26 +221,15 @@ std::optional<DiskHit> DiskStore::acquire_longest_common(const NamespaceId& ns,
     return acquire_locked(m->entry, m->matched_len);
 }
 
-std::optional<DiskPeek> DiskStore::peek_longest_common(const NamespaceId& ns,
-                                                       std::span<const Token> query) const {
+std::optional<DiskPeek> DiskStore::peek_longest(const NamespaceId& ns, std::span<const Token> query,
+                                                PrefixMatch match) const {
     std::lock_guard lock(mu_);
-    auto m = index_.peek_exact_common(ns, query);
+    auto m = index_.peek_exact(ns, query, match);
     if (!m) {
         return std::nullopt;
     }
     const Record& rec = records_.at(m->entry);
     return DiskPeek{rec.page, m->matched_len, rec.descriptor, rec.descriptor.payload_bytes};
-}
-
-std::optional<DiskPeek> DiskStore::peek_longest(const NamespaceId& ns,
-                                                std::span<const Token> query) const {
-    std::lock_guard lock(mu_);
-    auto m = index_.peek_exact(ns, query);
-    if (!m) {
-        return std::nullopt;
-    }
-    const Record& rec = records_.at(m->entry);
-    return DiskPeek{rec.page, m->len, rec.descriptor, rec.descriptor.payload_bytes};
 }
 
 bool DiskStore::contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const {

@@ -264,14 +264,13 @@ class DiskStore final : public LeaseOwner {
                            uint64_t payload_bytes) const;
 
     // Longest entry whose path is a prefix of `query`, leased and moved to the LRU front.
-    std::optional<DiskHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query);
-    std::optional<DiskPeek> peek_longest(const NamespaceId& ns, std::span<const Token> query) const;
-    // The entry sharing the longest common prefix with `query` (its path may go on past
-    // it; len is the common part): for payloads whose every prefix is valid.
-    std::optional<DiskHit> acquire_longest_common(const NamespaceId& ns,
-                                                  std::span<const Token> query);
-    std::optional<DiskPeek> peek_longest_common(const NamespaceId& ns,
-                                                std::span<const Token> query) const;
+    // Longest entry that is a prefix of `query` (Stored), or that shares the longest
+    // common prefix with it (Common: its path may go on past it; len is the common part;
+    // for payloads whose every prefix is valid).
+    std::optional<DiskHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query,
+                                           PrefixMatch match = PrefixMatch::Stored);
+    std::optional<DiskPeek> peek_longest(const NamespaceId& ns, std::span<const Token> query,
+                                         PrefixMatch match = PrefixMatch::Stored) const;
     bool contains(const NamespaceId& ns, std::span<const Token> tokens, PageId page) const;
 
     // Reads and verifies the leased entry's payload (disk I/O on the calling thread).

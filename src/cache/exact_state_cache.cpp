@@ -201,20 +201,10 @@ std::optional<ExactHit> ExactStateCache::acquire_locked(EntryId entry, size_t le
 }
 
 std::optional<ExactHit> ExactStateCache::acquire_longest(const NamespaceId& ns,
-                                                         std::span<const Token> query) {
+                                                         std::span<const Token> query,
+                                                         PrefixMatch match) {
     std::lock_guard lock(mu_);
-    auto m = index_.lookup_exact(ns, query);
-    if (!m) {
-        ++counters_.misses;
-        return std::nullopt;
-    }
-    return acquire_locked(m->entry, m->len, m->len);
-}
-
-std::optional<ExactHit> ExactStateCache::acquire_longest_common(const NamespaceId& ns,
-                                                                std::span<const Token> query) {
-    std::lock_guard lock(mu_);
-    auto m = index_.lookup_exact_common(ns, query);
+    auto m = index_.lookup_exact(ns, query, match);
     if (!m) {
         ++counters_.misses;
         return std::nullopt;
@@ -223,30 +213,21 @@ std::optional<ExactHit> ExactStateCache::acquire_longest_common(const NamespaceI
 }
 
 std::optional<ExactPeek> ExactStateCache::peek_locked(const NamespaceId& ns,
-                                                      std::span<const Token> query) const {
-    auto m = index_.peek_exact(ns, query);
-    if (!m) {
-        return std::nullopt;
-    }
-    const Record& rec = records_.at(m->entry);
-    return ExactPeek{rec.page, m->len, rec.descriptor, rec.payload.size};
-}
-
-std::optional<ExactPeek> ExactStateCache::peek_longest(const NamespaceId& ns,
-                                                       std::span<const Token> query) const {
-    std::lock_guard lock(mu_);
-    return peek_locked(ns, query);
-}
-
-std::optional<ExactPeek> ExactStateCache::peek_longest_common(const NamespaceId& ns,
-                                                              std::span<const Token> query) const {
-    std::lock_guard lock(mu_);
-    auto m = index_.peek_exact_common(ns, query);
+                                                      std::span<const Token> query,
+                                                      PrefixMatch match) const {
+    auto m = index_.peek_exact(ns, query, match);
     if (!m) {
         return std::nullopt;
     }
     const Record& rec = records_.at(m->entry);
     return ExactPeek{rec.page, m->matched_len, rec.descriptor, rec.payload.size};
+}
+
+std::optional<ExactPeek> ExactStateCache::peek_longest(const NamespaceId& ns,
+                                                       std::span<const Token> query,
+                                                       PrefixMatch match) const {
+    std::lock_guard lock(mu_);
+    return peek_locked(ns, query, match);
 }
 
 TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns,
@@ -257,7 +238,7 @@ TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns,
         out.busy = true;
         return out;
     }
-    out.hit = peek_locked(ns, query);
+    out.hit = peek_locked(ns, query, PrefixMatch::Stored);
     return out;
 }
 

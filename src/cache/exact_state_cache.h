@@ -142,17 +142,14 @@ class ExactStateCache final : public LeaseOwner {
                              const PayloadDescriptor& descriptor, std::span<const uint8_t> bytes,
                              std::span<const size_t> cuts = {});
 
-    // Longest exact entry that is a prefix of `query`, leased and moved to LRU front.
-    std::optional<ExactHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query);
-    std::optional<ExactPeek> peek_longest(const NamespaceId& ns,
-                                          std::span<const Token> query) const;
-    // The entry sharing the longest common prefix with `query` (its path may go on past the
-    // query): for payloads whose every prefix is valid (attention KV only). hit.len is the
-    // common part, hit.stored_len the entry's length.
-    std::optional<ExactHit> acquire_longest_common(const NamespaceId& ns,
-                                                   std::span<const Token> query);
-    std::optional<ExactPeek> peek_longest_common(const NamespaceId& ns,
-                                                 std::span<const Token> query) const;
+    // Longest exact entry that is a prefix of `query` (Stored), or that shares the longest
+    // common prefix with it (Common: its path may go on past the query; for payloads whose
+    // every prefix is valid, attention KV only), leased and moved to LRU front. hit.len is
+    // the part of the query served, hit.stored_len the entry's length.
+    std::optional<ExactHit> acquire_longest(const NamespaceId& ns, std::span<const Token> query,
+                                            PrefixMatch match = PrefixMatch::Stored);
+    std::optional<ExactPeek> peek_longest(const NamespaceId& ns, std::span<const Token> query,
+                                          PrefixMatch match = PrefixMatch::Stored) const;
     TryExactPeek try_peek_longest(const NamespaceId& ns, std::span<const Token> query) const;
 
     // Bytes of a leased entry (MissingBlock if the lease is not from this cache).
@@ -197,7 +194,8 @@ class ExactStateCache final : public LeaseOwner {
     std::optional<ExactHit> acquire_locked(EntryId entry, size_t len, size_t stored_len);
     ExactStateStats stats_locked() const;
     std::optional<PayloadSnapshot> snapshot_of(const Lease& lease) const;
-    std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query) const;
+    std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query,
+                                         PrefixMatch match) const;
     Presence contains_locked(const NamespaceId& ns, std::span<const Token> tokens,
                              PageId page) const;
 

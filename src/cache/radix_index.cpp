@@ -380,14 +380,23 @@ std::optional<ResidentMatch> RadixIndex::lookup_resident(const NamespaceId& ns,
     return m;
 }
 
-std::optional<ResidentMatch> RadixIndex::peek_exact_common(const NamespaceId& ns,
-                                                           std::span<const Token> query) const {
-    return find_common(ComponentKind::Exact, ns, query);
+std::optional<ResidentMatch> RadixIndex::peek_exact(const NamespaceId& ns,
+                                                    std::span<const Token> query,
+                                                    PrefixMatch match) const {
+    if (match == PrefixMatch::Common) {
+        return find_common(ComponentKind::Exact, ns, query);
+    }
+    const auto m = find_exact(ns, query);
+    if (!m) {
+        return std::nullopt;
+    }
+    return ResidentMatch{m->entry, m->value, m->len, m->len};
 }
 
-std::optional<ResidentMatch> RadixIndex::lookup_exact_common(const NamespaceId& ns,
-                                                             std::span<const Token> query) {
-    auto m = find_common(ComponentKind::Exact, ns, query);
+std::optional<ResidentMatch> RadixIndex::lookup_exact(const NamespaceId& ns,
+                                                      std::span<const Token> query,
+                                                      PrefixMatch match) {
+    auto m = peek_exact(ns, query, match);
     if (m) {
         touch(m->entry);
     }

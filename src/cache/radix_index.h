@@ -45,6 +45,9 @@
 namespace skippy::cache {
 
 enum class ComponentKind : uint8_t { Resident = 0, Exact = 1 };
+// Exact lookups: a stored path that is a prefix of the query, or the longest common prefix
+// of the query with any stored path.
+enum class PrefixMatch : uint8_t { Stored, Common };
 const char* to_string(ComponentKind kind);
 
 struct ExactMatch {
@@ -129,13 +132,14 @@ class RadixIndex final : public LeaseOwner {
                                                std::span<const Token> query) const;
     std::optional<ResidentMatch> lookup_resident(const NamespaceId& ns,
                                                  std::span<const Token> query);
-    // The longest common prefix of `query` with any exact-state path (the stored path may
-    // go on past it): for states whose every prefix is a valid state too (attention KV
-    // only), a stored entry serves any prompt that shares a prefix with it.
-    std::optional<ResidentMatch> peek_exact_common(const NamespaceId& ns,
-                                                   std::span<const Token> query) const;
-    std::optional<ResidentMatch> lookup_exact_common(const NamespaceId& ns,
-                                                     std::span<const Token> query);
+    // Either exact lookup, as a ResidentMatch: Stored as peek_exact (stored_len ==
+    // matched_len); Common: the longest common prefix of `query` with any exact-state path
+    // (the stored path may go on past it), for states whose every prefix is a valid state
+    // too (attention KV only): a stored entry serves any prompt sharing a prefix with it.
+    std::optional<ResidentMatch> peek_exact(const NamespaceId& ns, std::span<const Token> query,
+                                            PrefixMatch match) const;
+    std::optional<ResidentMatch> lookup_exact(const NamespaceId& ns, std::span<const Token> query,
+                                              PrefixMatch match);
 
     // The non-doomed entry of `kind` stored exactly at `tokens`.
     std::optional<EntryId> find(ComponentKind kind, const NamespaceId& ns,

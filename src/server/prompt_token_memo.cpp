@@ -33,8 +33,7 @@ std::vector<runtime::Token> PromptTokenMemo::tokenize(const std::string& prompt,
         std::vector<runtime::Token> tail = model_.tokenize(rest, false, true);
         // The rest must start with a special token (the split point of the tokenizer).
         if (tail.empty() || !model_.is_special_token(tail.front()) ||
-            rest.substr(0, model_.token_to_piece(tail.front(), true).size()) !=
-                model_.token_to_piece(tail.front(), true)) {
+            !rest.starts_with(model_.token_to_piece(tail.front(), true))) {
             break;  // a shorter head would not end at a special token either, in general
         }
         std::vector<runtime::Token> out;

@@ -59,6 +59,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     layout_.has_attention = model.kind() != runtime::ModelKind::Recurrent;
     layout_.has_recurrent =
         model.kind() == runtime::ModelKind::Hybrid || model.kind() == runtime::ModelKind::Recurrent;
+    match_ = layout_.has_recurrent ? cache::PrefixMatch::Stored : cache::PrefixMatch::Common;
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
     // Captured states waiting in the record queue count against --cache-max-bytes: they get
     // an eighth of it, the stored entries the rest.
@@ -112,17 +113,12 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     const auto query = prompt.tokens.first(static_cast<size_t>(limit));
-    // Dense entries serve any shared prefix (see restore()).
-    const bool common = !layout_.has_recurrent;
-    const auto ram =
-        common ? exact_->peek_longest_common(ns, query) : exact_->peek_longest(ns, query);
-    const auto on_disk =
-        common ? disk_->peek_longest_common(ns, query) : disk_->peek_longest(ns, query);
+    const auto ram = exact_->peek_longest(ns, query, match_);
+    const auto on_disk = disk_->peek_longest(ns, query, match_);
     if (!on_disk || (ram && ram->len >= on_disk->len)) {
         return;
     }
-    std::optional<cache::DiskHit> hit =
-        common ? disk_->acquire_longest_common(ns, query) : disk_->acquire_longest(ns, query);
+    std::optional<cache::DiskHit> hit = disk_->acquire_longest(ns, query, match_);
     if (!hit || hit->tokens.size() > context_cells_per_lane_) {
         return;
     }
@@ -340,10 +336,7 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     std::optional<cache::ExactHit> hit;
     if (limit >= static_cast<int32_t>(policy_.min_tokens)) {
         const auto query = prompt.tokens.first(static_cast<size_t>(limit));
-        // Attention KV of a prefix does not depend on what follows it: a dense entry serves
-        // every prompt that shares a prefix with it (imported whole, then trimmed).
-        hit = layout_.has_recurrent ? exact_->acquire_longest(ns, query)
-                                    : exact_->acquire_longest_common(ns, query);
+        hit = exact_->acquire_longest(ns, query, match_);  // a Common hit is trimmed after import
         if (hit && hit->stored_len > context.n_ctx_seq()) {
             hit.reset();  // recorded by a server with longer lanes
         }
@@ -388,7 +381,8 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
             const cache::NamespaceId plain = namespace_for("");
             const bool elsewhere =
                 !prompt.cache_namespace.empty() &&
-                exact_->peek_longest(plain, prompt.tokens.first(static_cast<size_t>(limit)));
+                exact_->peek_longest(plain, prompt.tokens.first(static_cast<size_t>(limit)),
+                                     match_);
             event.reason = elsewhere ? "namespace" : "never_seen";
         }
         return 0;

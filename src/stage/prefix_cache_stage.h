@@ -134,6 +134,10 @@ class PrefixCacheStage final : public StageBackend {
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
     size_t context_cells_per_lane_ = SIZE_MAX;  // set by attach(), read by prefetch()
+    // Attention KV of a prefix does not depend on what follows it: a dense entry serves every
+    // prompt that shares a prefix with it (imported whole, then trimmed). Hybrid/recurrent
+    // entries serve only where their recurrent state was taken.
+    cache::PrefixMatch match_ = cache::PrefixMatch::Stored;
     std::unique_ptr<cache::ExactStateCache> exact_;
     std::unique_ptr<cache::DiskStore> disk_;  // null: no disk tier
     std::string disk_note_;

@@ -101,10 +101,10 @@ TEST(DiskStore, CommonPrefixLookupAndTheEntrysTokens) {
     std::vector<Token> q(p.tokens.begin(), p.tokens.begin() + 100);
     q.push_back(99999);  // diverges inside the stored path
     EXPECT_FALSE(store->peek_longest(ns, q));
-    auto peek = store->peek_longest_common(ns, q);
+    auto peek = store->peek_longest(ns, q, PrefixMatch::Common);
     ASSERT_TRUE(peek);
     EXPECT_EQ(peek->len, 100u);
-    auto hit = store->acquire_longest_common(ns, q);
+    auto hit = store->acquire_longest(ns, q, PrefixMatch::Common);
     ASSERT_TRUE(hit);
     EXPECT_EQ(hit->len, 100u);
     EXPECT_EQ(hit->tokens, p.tokens);  // the key to promote it under

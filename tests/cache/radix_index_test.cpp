@@ -48,24 +48,24 @@ TEST_F(RadixIndexTest, ExactCommonLookupMatchesInsideStoredPaths) {
     index.insert(kExact, ns, T{1, 2, 3, 4, 5, 6, 7, 8}, 80);
     index.insert(kExact, ns, T{1, 2, 9, 9}, 99);
     // Diverges inside both long paths: the shallowest entry below the divergence serves.
-    auto m = index.peek_exact_common(ns, T{1, 2, 3, 4, 42});
+    auto m = index.peek_exact(ns, T{1, 2, 3, 4, 42}, PrefixMatch::Common);
     ASSERT_TRUE(m);
     EXPECT_EQ(m->matched_len, 4u);
     EXPECT_EQ(m->stored_len, 6u);
     EXPECT_EQ(m->value, 60u);
-    m = index.peek_exact_common(ns, T{1, 2, 3, 4, 5, 6, 7, 8, 9});
+    m = index.peek_exact(ns, T{1, 2, 3, 4, 5, 6, 7, 8, 9}, PrefixMatch::Common);
     ASSERT_TRUE(m);
     EXPECT_EQ(m->matched_len, 8u);
     EXPECT_EQ(m->value, 80u);
-    m = index.peek_exact_common(ns, T{1, 2, 7});
+    m = index.peek_exact(ns, T{1, 2, 7}, PrefixMatch::Common);
     ASSERT_TRUE(m);
     EXPECT_EQ(m->matched_len, 2u);
-    EXPECT_FALSE(index.peek_exact_common(ns, T{5}));
+    EXPECT_FALSE(index.peek_exact(ns, T{5}, PrefixMatch::Common));
     // Resident entries are not exact state; removed ones stop matching.
     index.insert(kResident, ns, T{5, 6, 7}, 1);
-    EXPECT_FALSE(index.peek_exact_common(ns, T{5, 6}));
+    EXPECT_FALSE(index.peek_exact(ns, T{5, 6}, PrefixMatch::Common));
     index.remove(kExact, ns, T{1, 2, 9, 9});
-    m = index.peek_exact_common(ns, T{1, 2, 9});
+    m = index.peek_exact(ns, T{1, 2, 9}, PrefixMatch::Common);
     ASSERT_TRUE(m);
     EXPECT_EQ(m->matched_len, 2u);
     EXPECT_NE(m->value, 99u);
