@@ -256,6 +256,8 @@ def main(argv):
             profile[w] = {k: v for k, v in profile[w].items() if k != "lane_ctx"}
     if args.rounds:
         profile["rounds"] = args.rounds
+        for w in config.WORKLOADS:
+            profile[w] = {k: v for k, v in profile[w].items() if k != "rounds"}
     if args.reps:
         profile["family"] = dict(profile["family"], reps=args.reps)
     for path, what in ((args.skippy, "skippy"), (args.llama_server, "llama-server")):

@@ -68,6 +68,14 @@ PROFILES = {
                         "unique_tokens": [256, 640], "max_tokens": 32, "deadline_s": 300},
         "cold": {"prompts": 8, "prompt_tokens": 1024, "max_tokens": 8, "deadline_s": 240},
         "restart": {"prefix_tokens": 4096, "reps": 3, "lane_ctx": 8192, "deadline_s": 300},
+        # ram_ratio: working set / --cache-max-bytes (skippy's floor is 8x a lane capture,
+        # so ~100 conversations are needed for 10x); zipf_s: skew of the revisit order.
+        # One round (3 servers, ~1-2 min per model on a quiet 2-core machine): the 100
+        # cold first visits dominate; --rounds N runs N.
+        "larger_than_ram": {"conversations": 100, "prefix_tokens": 384, "turn_tokens": [32, 64],
+                            "revisits": 100, "max_visits": 4, "zipf_s": 0.6, "ram_ratio": 10,
+                            "max_tokens": 4, "lane_ctx": 2048, "rounds": 1,
+                            "deadline_s": 420},
     },
     "quick": {
         "rounds": 2,
@@ -91,6 +99,9 @@ PROFILES = {
                         "unique_tokens": [32, 64], "max_tokens": 8, "deadline_s": 60},
         "cold": {"prompts": 3, "prompt_tokens": 96, "max_tokens": 4, "deadline_s": 60},
         "restart": {"prefix_tokens": 256, "reps": 2, "lane_ctx": 1024, "deadline_s": 60},
+        "larger_than_ram": {"conversations": 12, "prefix_tokens": 96, "turn_tokens": [8, 16],
+                            "revisits": 12, "max_visits": 4, "zipf_s": 0.6, "ram_ratio": 10,
+                            "max_tokens": 2, "lane_ctx": 512, "deadline_s": 60},
     },
     # Real-model shapes (~0.45B and ~1.1B parameters with the 32k vocabulary, f16) are
     # 10-100x slower per token than the full profile's models (measured on 2 cores: a cold
@@ -119,11 +130,14 @@ PROFILES = {
                         "unique_tokens": [128, 320], "max_tokens": 16, "deadline_s": 900},
         "cold": {"prompts": 3, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
         "restart": {"prefix_tokens": 2048, "reps": 2, "lane_ctx": 4096, "deadline_s": 900},
+        "larger_than_ram": {"conversations": 16, "prefix_tokens": 256, "turn_tokens": [32, 64],
+                            "revisits": 16, "max_visits": 4, "zipf_s": 0.6, "ram_ratio": 10,
+                            "max_tokens": 4, "lane_ctx": 2048, "deadline_s": 1200},
     },
 }
 
 WORKLOADS = ["family", "chat", "multisession", "agent", "agent_edits", "concurrency", "cold",
-             "restart"]
+             "restart", "larger_than_ram"]
 
 # skippy's flags that the harness names, in one place (the lead may rename them).
 SKIPPY_FLASH_ATTN_ARGS = ["--flash-attn", "on"]   # only passed when --flash-attn is asked for

@@ -131,6 +131,31 @@ def draw(results, out_dir):
         fig.savefig(os.path.join(out_dir, fname), dpi=110)
         plt.close(fig)
         made[name] = fname
+    ltr = {n: m for n, m in models.items() if _workload(m, "larger_than_ram")}
+    if ltr:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        variants = ["skippy", "skippy-ram", "llama-server"]
+        width = 0.8 / len(variants)
+        for k, variant in enumerate(variants):
+            vals = [(_workload(m, "larger_than_ram")["summary"]["by_group"].get(variant, {})
+                     .get("revisit", {}).get("ttft_p50_ms") or 0.0) for m in ltr.values()]
+            xs = [i + (k - (len(variants) - 1) / 2) * width for i in range(len(ltr))]
+            bars = ax.bar(xs, vals, width, label={"skippy": "skippy (disk tier)",
+                                                  "skippy-ram": "skippy RAM only"}.get(variant,
+                                                                                        variant))
+            for bar, v in zip(bars, vals):
+                if v:
+                    ax.annotate(f"{v:.0f}", (bar.get_x() + bar.get_width() / 2, v),
+                                ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(ltr)))
+        ax.set_xticklabels([f"{n}\n({m['family']})" for n, m in ltr.items()])
+        ax.set_ylabel("revisit TTFT p50 (ms)")
+        ax.set_title("Larger than RAM: working set ~10x skippy's RAM budget")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "larger_than_ram.png"), dpi=110)
+        plt.close(fig)
+        made["larger_than_ram"] = "larger_than_ram.png"
     return made
 
 

@@ -160,6 +160,8 @@ def markdown(results, plots):
     out += _turns_section(results, plots, "agent_edits", "3b. Agent with history edits")
     out += _concurrency_section(results)
     out += _cold_section(results)
+    out += _restart_section(results)
+    out += _larger_than_ram_section(results, plots)
     out += _cache_metrics_section(results)
     return "\n".join(out) + "\n"
 
@@ -341,6 +343,69 @@ def _cold_section(results):
                          _x(stats.ratio(s.get("ttft_p50_ms"), llama.get("ttft_p50_ms")))])
     out.append(_table(["model", "server", "n", "TTFT p50 ms", "TTFT p90", "E2E p50", "E2E p90",
                        "gen tok/s", "TTFT / skippy-off", "TTFT / llama-server"], rows))
+    return out
+
+
+def _restart_section(results):
+    out = ["## 6. Restart\n",
+           "A long prefix sent once (cold), the server stopped (SIGTERM) and started again on "
+           "the same cache folder, then the prefix with a new last token: skippy serves it "
+           "from its disk tier, llama-server prefills it again.\n"]
+    rows = []
+    for name, m in results["models"].items():
+        w = _workload(m, "restart")
+        if not w:
+            continue
+        g = w["summary"]["by_group"]
+        for variant, groups in g.items():
+            a, c = groups.get("restart", {}), groups.get("cold", {})
+            rows.append([name, variant, _ms(c.get("ttft_p50_ms")), _ms(a.get("ttft_p50_ms")),
+                         _ms(groups.get("warm", {}).get("ttft_p50_ms")),
+                         _n(a.get("cached_tokens_mean")),
+                         _x(stats.ratio(a.get("ttft_p50_ms"), c.get("ttft_p50_ms")))])
+    if not rows:
+        return []
+    out.append(_table(["model", "server", "cold TTFT ms", "first after restart", "warm after",
+                       "cached tok", "restart / cold"], rows))
+    return out
+
+
+def _larger_than_ram_section(results, plots):
+    out = ["## 7. Larger than RAM\n",
+           "Many conversations (distinct prefixes) whose cached state totals ~10x skippy's RAM "
+           "budget (`--cache-max-bytes`, calibrated per model), each visited once, then "
+           "revisited in a shuffled zipf-like order. `skippy`: disk tier on; `skippy-ram`: "
+           "`--cache-disk off`, same budget; llama-server: its defaults (`--cache-ram`). "
+           "TTFT and hit rates over the revisits; hit rate = cached / prompt tokens; "
+           "disk / RAM = share of revisits whose hit came from that tier.\n"]
+    rows = []
+    for name, m in results["models"].items():
+        w = _workload(m, "larger_than_ram")
+        if not w:
+            continue
+        s = w["summary"]
+        g, hits = s["by_group"], s.get("hit_rates", {})
+        ram = g.get("skippy-ram", {}).get("revisit", {})
+        llama = g.get("llama-server", {}).get("revisit", {})
+        for variant, groups in g.items():
+            a, h = groups.get("revisit", {}), hits.get(variant, {})
+            share = lambda k: "–" if h.get(k) is None else f"{h[k]:.0%}"  # noqa: E731
+            rows.append([name, variant, a.get("n", 0), _ms(a.get("ttft_p50_ms")),
+                         _ms(a.get("ttft_p90_ms")),
+                         _ms(groups.get("first", {}).get("ttft_p50_ms")),
+                         _x(h.get("token_hit_rate")), share("disk_share"), share("ram_share"),
+                         _x(stats.ratio(a.get("ttft_p50_ms"), ram.get("ttft_p50_ms"))),
+                         _x(stats.ratio(a.get("ttft_p50_ms"), llama.get("ttft_p50_ms")))])
+        rows.append([name, "(sizes)", "", "", "", "", "", "", "",
+                     f"RAM {_bytes(s.get('ram_bytes'))}",
+                     f"working set {_bytes(s.get('working_set_bytes'))} "
+                     f"({_x(s.get('working_set_ratio'))}x)"])
+    if not rows:
+        return []
+    out.append(_table(["model", "server", "n", "revisit TTFT p50 ms", "p90", "first visit p50",
+                       "hit rate", "disk", "RAM", "/ skippy-ram", "/ llama-server"], rows))
+    if plots.get("larger_than_ram"):
+        out.append(f"![larger than RAM]({plots['larger_than_ram']})\n")
     return out
 
 

@@ -41,6 +41,7 @@ class Variant:
     kind: str                        # "skippy" | "llama"
     lanes: int
     cache_mode: str = None           # skippy only; None = skippy's default (not passed)
+    extra: tuple = ()                # more server arguments for this variant only
 
     @property
     def is_skippy(self):
@@ -97,7 +98,7 @@ def skippy_argv(bins, settings, variant, model, ctx, cache_dir=None):
     mode = variant.cache_mode or ("lookup-record" if settings.equal else None)
     if mode:
         argv += [config.SKIPPY_CACHE_MODE_FLAG, mode]
-    return argv + list(settings.skippy_extra)
+    return argv + list(variant.extra) + list(settings.skippy_extra)
 
 
 def llama_argv(bins, settings, variant, model, ctx, port):
@@ -113,7 +114,7 @@ def llama_argv(bins, settings, variant, model, ctx, port):
         argv += ["-fa", "on" if settings.flash_attn else "off", "--kv-unified", "--no-webui"]
     elif settings.flash_attn:
         argv += ["-fa", "on"]
-    return argv + list(settings.llama_extra)
+    return argv + list(variant.extra) + list(settings.llama_extra)
 
 
 def free_port():
@@ -322,6 +323,7 @@ class Timed:
     cached_tokens: int = None    # usage.prompt_tokens_details.cached_tokens
     server_ttft_ms: float = None  # skippy.ttft_ms, or llama-server timings.prompt_ms
     cache_decision: str = None   # skippy.cache
+    cache_tier: str = None       # skippy.cache_tier: lane / ram / disk / none
     llama_cache_n: int = None    # llama-server timings.cache_n
     chunks: int = 0
     # llama-server rejected its own output (its chat parser fails when a random-weight model's
@@ -414,6 +416,7 @@ def _read_stats(chunk, out):
     skippy = chunk.get("skippy")
     if skippy:
         out.cache_decision = skippy.get("cache", out.cache_decision)
+        out.cache_tier = skippy.get("cache_tier", out.cache_tier)
         if skippy.get("ttft_ms") is not None:
             out.server_ttft_ms = skippy["ttft_ms"]
     if "tokens_evaluated" in chunk and chunk.get("stop"):  # native final chunk

@@ -6,9 +6,13 @@ a CI check) need not know each workload's result layout.
     summary.medians.<family>.<key>                  -> {"num", "den", "num_label", "den_label", "unit"}
     summary.cached_tokens.<family>.<key>            -> {"skippy": mean, "llama-server": mean}
 
+    summary.hit_rates.<family>.<workload>.<variant> -> {token_hit_rate, disk_share, ...}
+
 Keys: family_<P> (warm hit on a P-token prefix), chat, multisession, agent, agent_edits,
-concurrency_ttft_p50, concurrency_throughput, cold_vs_llama, cold_vs_off; later workloads
-add their own keys (readers must ignore keys they do not know). Every ratio is a TTFT p50
+concurrency_ttft_p50, concurrency_throughput, cold_vs_llama, cold_vs_off, restart,
+restart_vs_cold, larger_than_ram (revisit TTFT p50, skippy with its disk tier / skippy
+RAM only at the same RAM budget), larger_than_ram_vs_llama; later workloads add their own
+keys (readers must ignore keys they do not know). Every ratio is a TTFT p50
 ratio skippy / llama-server (below 1 = skippy faster) except concurrency_throughput
 (generated tokens/s skippy / llama-server, above 1 = skippy faster) and cold_vs_off (skippy
 cache on / skippy --cache-mode off, the cost of lookup + record). A workload that was not
@@ -27,7 +31,8 @@ HIGHER_IS_BETTER = {"concurrency_throughput"}
 
 ORDER = ["family_128", "family_1024", "family_4096", "chat", "multisession", "agent",
          "agent_edits", "concurrency_ttft_p50", "concurrency_throughput", "cold_vs_llama",
-         "cold_vs_off", "restart", "restart_vs_cold"]
+         "cold_vs_off", "restart", "restart_vs_cold", "larger_than_ram",
+         "larger_than_ram_vs_llama"]
 
 
 def key_order(key):
@@ -113,6 +118,13 @@ def model_entries(model):
             cold = (s.get("by_group", {}).get("skippy") or {}).get("cold")
             ratio, med = _entry(h.get("skippy"), cold, den_label="skippy cold")
             out["restart_vs_cold"] = (ratio, med, {})
+        elif name == "larger_than_ram":
+            h = _headline(name, w)
+            ratio, med = _entry(h.get("skippy"), h.get("skippy-ram"),
+                                den_label="skippy RAM only")
+            out["larger_than_ram"] = (ratio, med, cached(h, den="skippy-ram"))
+            ratio, med = _entry(h.get("skippy"), h.get("llama-server"))
+            out["larger_than_ram_vs_llama"] = (ratio, med, cached(h))
         else:
             # A workload this version does not know (e.g. a later `restart`): take its own
             # headline if it has one, never fail.
@@ -120,6 +132,19 @@ def model_entries(model):
             if isinstance(h, dict) and "skippy" in h:
                 ratio, med = _entry(h.get("skippy"), h.get("llama-server"))
                 out[name] = (ratio, med, cached(h))
+    return out
+
+
+def hit_rates(model):
+    """{workload: {variant: {token_hit_rate, disk_share, ram_share, miss_share, n}}} for the
+    workloads that report hit rates (larger_than_ram)."""
+    out = {}
+    for name, w in model.get("workloads", {}).items():
+        rates = (w.get("summary") or {}).get("hit_rates")
+        if rates:
+            out[name] = {v: {k: r.get(k) for k in ("token_hit_rate", "disk_share", "ram_share",
+                                                    "miss_share", "n")}
+                         for v, r in rates.items()}
     return out
 
 
@@ -165,10 +190,12 @@ def _git_from_meta(meta):
 
 def build(results):
     meta = results.get("meta", {})
-    ratios, medians, cached, models = {}, {}, {}, {}
+    ratios, medians, cached, models, hits = {}, {}, {}, {}, {}
     for mname, m in results.get("models", {}).items():
         fam = m.get("family") or mname
         models[fam] = mname
+        if hit_rates(m):
+            hits[fam] = hit_rates(m)
         for key, (ratio, med, cach) in model_entries(m).items():
             ratios.setdefault(fam, {})[key] = ratio
             medians.setdefault(fam, {})[key] = med
@@ -178,6 +205,7 @@ def build(results):
         "ratios": ratios,
         "medians": medians,
         "cached_tokens": cached,
+        "hit_rates": hits,
         "models": models,
         "mismatches": mismatches(results),
         "git": _git_from_meta(meta),

@@ -46,6 +46,14 @@ def row_label(key, meta):
         return "cold path: skippy cache on / skippy cache off (cost of lookup + record)"
     if key == "restart":
         return "restart (cache survives a server restart)"
+    if key == "restart_vs_cold":
+        return "restart: first request after the restart / skippy's cold prefill"
+    if key in ("larger_than_ram", "larger_than_ram_vs_llama"):
+        c = _cfg(meta, "larger_than_ram")
+        what = (f"larger than RAM: {c['conversations']} conversations, working set "
+                f"~{c['ram_ratio']}x the RAM budget, revisits" if c else "larger than RAM")
+        return what + (": disk tier / RAM only" if key == "larger_than_ram"
+                       else " vs llama-server")
     return key
 
 
@@ -72,7 +80,8 @@ def cell(summary, fam, key, markdown=True, medians=True):
     if ratio is None:
         return "n/a"
     text = f"{ratio:.2f}"
-    if markdown and skippy_better(key, ratio) and key != "cold_vs_off":
+    if markdown and skippy_better(key, ratio) and key not in ("cold_vs_off",
+                                                               "larger_than_ram"):
         text = f"**{text}**"
     med = summary.get("medians", {}).get(fam, {}).get(key) or {}
     if medians and med.get("num") is not None and med.get("den") is not None:
@@ -119,7 +128,7 @@ def describe_run(results):
            "equal settings on both (flash attention off, batch 512, llama-server "
            "--kv-unified)")
     date = (summary.get("date") or "?").replace("T", " ")
-    return [
+    lines = [
         f"Run {date}, commit `{commit}`, profile `{summary.get('profile')}`, "
         f"llama-server mode `{mode}`: {how}.",
         f"Command: `{summary.get('command')}`.",
@@ -128,6 +137,32 @@ def describe_run(results):
         f"{mm.get('skippy_vs_llama', 0)} between the servers, {mm.get('skippy_internal', 0)} "
         f"between skippy's runs and cache modes ({mm.get('total', 0)} prompts in all).",
     ]
+    hits = hit_rate_line(summary)
+    return lines + ([hits] if hits else [])
+
+
+def hit_rate_line(summary):
+    """One sentence with the larger-than-RAM hit rates per family, or None."""
+    parts = []
+    for fam in families(summary):
+        rates = (summary.get("hit_rates", {}).get(fam) or {}).get("larger_than_ram")
+        if not rates:
+            continue
+        cells = []
+        for variant in ("skippy", "skippy-ram", "llama-server"):
+            r = rates.get(variant) or {}
+            if r.get("token_hit_rate") is None:
+                continue
+            text = f"{variant} {r['token_hit_rate']:.2f}"
+            if variant == "skippy" and r.get("disk_share") is not None:
+                text += f" ({r['disk_share']:.0%} of revisits from disk)"
+            cells.append(text)
+        if cells:
+            parts.append(f"{fam}: " + ", ".join(cells))
+    if not parts:
+        return None
+    return ("Larger than RAM, token hit rate of the revisits (cached / prompt tokens): "
+            + "; ".join(parts) + ".")
 
 
 def text_table(results):

@@ -581,8 +581,10 @@ class Restart(Workload):
                                     for v in head}}
 
 
+from .larger_than_ram import LargerThanRam  # noqa: E402 (it builds on the classes above)
+
 ALL = {w.name: w for w in (FamilyTable, MultiTurnChat, MultiSession, AgentLoop, AgentEdits,
-                           Concurrency, ColdPath, Restart)}
+                           Concurrency, ColdPath, Restart, LargerThanRam)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -604,8 +606,12 @@ class ModelRun:
 
 def measure(model, workload):
     """Runs `workload` for rounds x variants, one fresh server at a time, in ABAB order."""
+    if hasattr(workload, "calibrate"):  # per-model settings, from an unmeasured server
+        workload.calibrate(model)
     runs = []
-    for rnd in range(model.rounds):
+    # A workload may run fewer rounds than the profile (larger_than_ram: its cold first
+    # visits dominate); an explicit --rounds removes that override (run_bench.py).
+    for rnd in range(workload.cfg.get("rounds", model.rounds)):
         for variant in workload.variants():
             runs.append(_one_run(model, workload, variant, rnd))
     return runs

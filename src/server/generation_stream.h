@@ -24,6 +24,7 @@ struct GenerationStats {
     std::string finish_reason;      // "stop" or "length"
     std::string stop_sequence;      // the stop string that ended the reply ("" for none)
     std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
+    std::string cache_tier;         // where a hit came from: lane / ram / disk ("none": no hit)
     double queue_ms = 0;
     double time_to_first_token_ms = 0;
     double total_ms = 0;

@@ -38,6 +38,7 @@ json usage_json(const GenerationStats& stats) {
 
 json skippy_json(const GenerationStats& stats, double parse_ms) {
     return json{{"cache", stats.cache_decision},
+                {"cache_tier", stats.cache_tier},
                 {"parse_ms", parse_ms},
                 {"queue_ms", stats.queue_ms},
                 {"ttft_ms", stats.time_to_first_token_ms},

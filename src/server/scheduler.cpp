@@ -319,6 +319,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.stats.prompt_tokens = static_cast<int32_t>(prompt.size());
     slot.stats.cached_tokens = slot.plan.n_restored;
     slot.stats.cache_decision = std::string(stage::to_string(slot.plan.decision));
+    slot.stats.cache_tier = std::string(stage::to_string(slot.plan.tier));
     return true;
 }
 

@@ -5,16 +5,20 @@
 // numbers drop the page cache first (/proc/sys/vm/drop_caches).
 //
 // Throughput: 32 entries of 8 MiB (cut at 256 KiB pages: 32 block files each), written
-// with and without fsync, then
-// read back. Reconciliation: a synthetic 10 GiB cache (manifests plus sparse block files
+// with and without fsync, then read back; the writer's time per I/O step (from the
+// debug_io_hook: the time from one step's hook to the next is charged to that step).
+// Reconciliation: a synthetic 10 GiB cache (manifests plus sparse block files
 // of the real sizes, so the sweep stats real files) opened warm and cold.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <random>
 
 #include "cache/disk_format.h"
@@ -30,6 +34,36 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// Time between consecutive debug_io_hook calls, charged to the step whose hook came first
+// (writer thread only; read after flush()).
+struct StepTimes {
+    std::array<double, 10> seconds{};
+    std::array<uint64_t, 10> count{};
+    std::optional<DiskIoStep> last;
+    Clock::time_point at;
+
+    int operator()(DiskIoStep s) {
+        const auto now = Clock::now();
+        if (last) {
+            seconds[static_cast<size_t>(*last)] += std::chrono::duration<double>(now - at).count();
+        }
+        ++count[static_cast<size_t>(s)];
+        last = s;
+        at = now;
+        return 0;
+    }
+    void print(const char* label) const {
+        std::printf("[ bench    ] %s, writer time per step (count, ms in all):", label);
+        for (size_t i = 0; i < seconds.size(); ++i) {
+            if (count[i] > 0) {
+                std::printf(" %s %llu/%.0f", to_string(static_cast<DiskIoStep>(i)),
+                            static_cast<unsigned long long>(count[i]), seconds[i] * 1e3);
+            }
+        }
+        std::printf("\n");
+    }
+};
 
 bool drop_caches() {
     ::sync();
@@ -80,7 +114,11 @@ TEST_F(DiskStoreBench, WriteAndReadThroughput) {
         o.sync = sync;
         o.queue_capacity = kEntries;
         o.max_queued_bytes = 0;
+        auto steps = std::make_shared<StepTimes>();
+        o.debug_io_hook = [steps](DiskIoStep st) { return (*steps)(st); };
         auto store = open_ok(o);
+        store->flush();  // the start-up sweep is not part of the write
+        *steps = StepTimes{};
         shared.clear();
         for (const auto& p : ps) {
             shared.push_back(share(p));
@@ -107,6 +145,7 @@ TEST_F(DiskStoreBench, WriteAndReadThroughput) {
             "(its 32 submits: %.2f ms); 8 longer prefixes reusing 8 MiB each and "
             "writing 1 MiB each: %.3f s\n",
             sync, mib, write_s, mib / write_s, submit_s * 1e3, dedupe_s);
+        steps->print(sync ? "sync=1" : "sync=0");
         for (bool cold : {false, true}) {
             if (cold && !drop_caches()) {
                 std::printf("[ bench    ] read cold: skipped (cannot drop the page cache)\n");

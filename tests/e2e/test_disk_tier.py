@@ -60,6 +60,7 @@ class RestartTest(unittest.TestCase):
                 print(f"\n  {kind}: after restart turn 4 restored {cached} of {prompt} tokens "
                       f"({resp['skippy']['cache']})")
                 self.assertGreater(cached, prompt // 2)
+                self.assertEqual(resp["skippy"]["cache_tier"], "disk")
                 m = second.metrics()
                 self.assertGreater(m.get("skippy_cache_disk_promotions_total", 0), 0)
                 self.assertGreater(m.get('skippy_cache_lookups_total{decision="exact_hit",'

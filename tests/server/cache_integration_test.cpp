@@ -115,6 +115,8 @@ TEST_P(CacheIntegrationTest, WarmRunIsIdenticalAndRestoresMostOfThePrompt) {
     const Output warm = run(*scheduler, prompt_, 8);
     EXPECT_EQ(warm.tokens, reference_);
     EXPECT_EQ(warm.stats.cache_decision, "exact_hit");
+    EXPECT_NE(warm.stats.cache_tier, "none");  // lane or ram: the turn just recorded
+    EXPECT_NE(warm.stats.cache_tier, "disk");
     EXPECT_GE(warm.stats.cached_tokens, 128);
 }
 
