@@ -381,6 +381,8 @@ std::string HttpServer::Impl::metrics_text() const {
     metric("skippy_lanes", "gauge", "Request lanes.", s.lanes);
     metric("skippy_lanes_busy", "gauge", "Lanes serving a request.", s.lanes_busy);
     metric("skippy_requests_queued", "gauge", "Requests waiting for a lane.", s.queued);
+    metric("skippy_turn_ends_deferred", "gauge",
+           "Lanes whose end of turn waits for the server to be idle.", s.turn_ends_deferred);
     metric("skippy_requests_completed_total", "counter", "Completed requests.",
            s.requests_completed);
     metric("skippy_requests_cancelled_total", "counter", "Requests cancelled by the client.",

@@ -40,6 +40,10 @@ struct Scheduler::Slot {
     bool generating = false;
     bool post_turn = false;            // reply delivered; prefilling the end of the turn
     bool prompt_done_pending = false;  // prompt prefilled, stage not told yet
+    // Released after its reply; the end of the turn runs when the server is idle, unless
+    // another request takes the lane first. `request` stays as it was until then.
+    bool turn_end_deferred = false;
+    std::string deferred_reply;
     runtime::Token pending_token = 0;  // sampled, not decoded yet
     int32_t n_sampled = 0;             // tokens sampled, including a final end-of-generation token
     int32_t n_reply_tokens = 0;        // tokens of the reply (reported as completion_tokens)
@@ -127,6 +131,7 @@ SchedulerStats Scheduler::stats() const {
     s.cached_tokens = cached_tokens_.load();
     s.completion_tokens = completion_tokens_.load();
     s.decode_calls = decode_calls_.load();
+    s.turn_ends_deferred = turn_ends_deferred_.load();
     return s;
 }
 
@@ -140,9 +145,13 @@ void Scheduler::run() {
                 const auto wake = [&] { return stopping_ || !incoming_.empty(); };
                 // Deferred records are exported once the server has been idle for a while
                 // (a conversation that comes back at once keeps its lane and needs none).
-                if (stage_->has_idle_work() && !queue_cv_.wait_for(lock, kIdleFlushDelay, wake)) {
+                const bool idle_work = turn_ends_deferred_.load() > 0 || stage_->has_idle_work();
+                if (idle_work && !queue_cv_.wait_for(lock, kIdleFlushDelay, wake)) {
                     lock.unlock();
-                    stage_->idle(*context_);
+                    // Ends of turns first: their records join the lane's export.
+                    if (!start_deferred_turn_end()) {
+                        stage_->idle(*context_);
+                    }
                     continue;
                 }
                 queue_cv_.wait(lock, wake);
@@ -251,6 +260,10 @@ void Scheduler::admit_pending(std::deque<Pending>& pending) {
 }
 
 bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
+    if (std::exchange(slot.turn_end_deferred, false)) {
+        turn_ends_deferred_.fetch_sub(1);  // the lane's state is replaced or continued now
+        slot.deferred_reply.clear();
+    }
     slot.request = std::move(pending.request);
     slot.stream = std::move(pending.stream);
     slot.enqueued = pending.enqueued;
@@ -373,10 +386,33 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     slot.stream->finish(slot.stats);
     slot.stream.reset();
     notify_prompt_done(slot);
-    if (!start_turn_end(slot)) {
-        // The prompt was prefilled; the reply tokens after it were decoded.
-        release_slot(slot, slot.request.prompt.size(), false);
+    const bool defer = slot.prompt_info.turn_end_follows && slot.request.render_turn_end;
+    std::string reply = defer ? slot.output->text() : std::string();
+    // The prompt was prefilled; the reply tokens after it were decoded.
+    release_slot(slot, slot.request.prompt.size(), false);
+    if (defer) {
+        slot.turn_end_deferred = true;
+        slot.deferred_reply = std::move(reply);
+        turn_ends_deferred_.fetch_add(1);
     }
+}
+
+bool Scheduler::start_deferred_turn_end() {
+    for (auto& slot : slots_) {
+        if (slot->active || !std::exchange(slot->turn_end_deferred, false)) {
+            continue;
+        }
+        turn_ends_deferred_.fetch_sub(1);
+        const std::string reply = std::move(slot->deferred_reply);
+        slot->deferred_reply.clear();
+        slot->active = true;
+        lanes_busy_.fetch_add(1);
+        if (!start_turn_end(*slot, reply)) {
+            free_slot(*slot);  // the lane keeps the prompt state release() noted
+        }
+        return true;
+    }
+    return false;
 }
 
 bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) const {
@@ -392,13 +428,13 @@ bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) c
     return false;
 }
 
-bool Scheduler::start_turn_end(Slot& slot) {
+bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
     if (!slot.prompt_info.turn_end_follows || !slot.request.render_turn_end) {
         return false;
     }
     std::vector<runtime::Token> turn;
     try {
-        turn = slot.request.render_turn_end(slot.output->text());
+        turn = slot.request.render_turn_end(reply);
     } catch (const std::exception&) {
         return false;
     }

@@ -6,7 +6,10 @@
 // then prefill chunks (one lane per llama_decode, so a chunk is never split or mixed with
 // other lanes' tokens: plan.h's exactness rule), samples, streams and finishes requests.
 // After a chat reply, the lane prefills the conversation as the next request will render it
-// (the end of the turn) at the lowest priority; that work yields to waiting requests.
+// (the end of the turn) at the lowest priority, once the server has been idle for a while
+// (an agent that sends its next request at once would otherwise race that work for the
+// cores while its request is parsed; its prompt then restores the prompt end and prefills
+// the reply with the new messages); that work yields to waiting requests.
 //
 // Thread safety: submit(), stats() and stop() may be called from any thread; they touch
 // only the admission queue under `queue_mutex_` (and submit() the stage's thread-safe
@@ -75,6 +78,7 @@ struct SchedulerStats {
     uint64_t cached_tokens = 0;
     uint64_t completion_tokens = 0;
     uint64_t decode_calls = 0;
+    uint32_t turn_ends_deferred = 0;  // lanes whose end of turn waits for an idle moment
 };
 
 enum class Admission { Accepted, QueueFull, Stopped };
@@ -111,7 +115,9 @@ class Scheduler {
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void free_slot(Slot& slot);  // the slot's bookkeeping; the lane's state is the stage's
     void sample_slot(Slot& slot, int32_t batch_index);
-    bool start_turn_end(Slot& slot);
+    bool start_turn_end(Slot& slot, const std::string& reply);
+    // Runs one deferred end of turn (the server is idle); false when there is none.
+    bool start_deferred_turn_end();
     // True when `prompt` continues a conversation whose lane is still recording its turn.
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
     // Ends turn-end work that holds a lane a waiting request needs.
@@ -137,6 +143,7 @@ class Scheduler {
     std::atomic<uint64_t> completed_{0}, cancelled_{0}, failed_{0}, rejected_{0};
     std::atomic<uint64_t> prompt_tokens_{0}, cached_tokens_{0}, completion_tokens_{0};
     std::atomic<uint64_t> decode_calls_{0};
+    std::atomic<uint32_t> turn_ends_deferred_{0};
     std::thread thread_;
 };
 

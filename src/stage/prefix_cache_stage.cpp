@@ -273,7 +273,6 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
                             const PromptInfo& prompt, int32_t max_chunk) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     state.last_used = ++clock_;
-    state.turn_start.clear();
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     if (!state.pending.empty()) {
         // Records waiting for this lane's state survive only if the new prompt keeps all of
@@ -466,12 +465,14 @@ void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane
 
 void PrefixCacheStage::prompt_done(runtime::InferenceContext& context, SeqId lane,
                                    const PromptInfo& prompt) {
-    if (!layout_.has_recurrent || !prompt.turn_end_follows) {
+    if (!layout_.has_recurrent || !prompt.turn_end_follows || !records_enabled(prompt)) {
         return;
     }
-    // The end of the turn restarts from here: keep the recurrent state of the prompt end.
-    lanes_[static_cast<size_t>(lane)].turn_start = context.state_export(
-        lane, layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full);
+    // A checkpoint at the prompt end: the end of the turn restarts from it, and the next
+    // request of the conversation, which shares this prompt whole (a generation prompt is
+    // one of its message boundaries) but not always the reply (a client that edits or
+    // re-renders it, or one that comes back before the end of the turn ran), restores it.
+    checkpoint(context, lane, prompt, static_cast<int32_t>(prompt.tokens.size()));
 }
 
 bool PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
@@ -481,15 +482,20 @@ bool PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId 
     if (!records_enabled(prompt) || turn.size() < prompt.tokens.size() + 2) {
         return false;
     }
+    if (state.tokens.size() != prompt.tokens.size() ||
+        !std::equal(state.tokens.begin(), state.tokens.end(), prompt.tokens.begin())) {
+        return false;  // the lane moved on (or was forgotten) since the reply
+    }
     if (layout_.has_recurrent) {
-        std::vector<uint8_t> start = std::move(state.turn_start);
-        state.turn_start.clear();
-        if (start.empty()) {
+        auto start = std::find_if(
+            state.checkpoints.begin(), state.checkpoints.end(),
+            [&](const Checkpoint& cp) { return cp.n_tokens == static_cast<int32_t>(n); });
+        if (start == state.checkpoints.end()) {
             return false;
         }
         const auto scope =
             layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
-        if (!context.state_import(start, lane, scope)) {
+        if (!context.state_import(*start->recurrent, lane, scope)) {
             context.seq_clear(lane);
             state.tokens.clear();
             return false;
@@ -513,7 +519,6 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     state.tokens.assign(canonical.begin(), canonical.end());
     const Pos held = context.seq_pos_max(lane) + 1;
     state.recurrent_at = held == static_cast<Pos>(canonical.size()) ? held : -1;
-    state.turn_start.clear();
     if (!records_enabled(prompt) || canonical.empty()) {
         state.pending.clear();
         update_lane_gauge();

@@ -13,8 +13,9 @@
 //                (plan.h's exactness rule) and, for hybrid/recurrent models, checkpoints:
 //                the recurrent state is exported exactly there (a small partial export).
 //   release      notes what can be hit and is not stored yet: message boundaries new in
-//                this request, the prompt end - 2 for requests without an end of turn, and
-//                the end of the turn. The lane keeps its state for the next request, so the
+//                this request, the prompt end - 2 for requests without an end of turn,
+//                and the end of the turn (hybrid/recurrent: also the prompt end, where the
+//                next request restores when the client sends back a different reply). The lane keeps its state for the next request, so the
 //                export is deferred until that state is about to be replaced or the
 //                scheduler is idle; then the scheduler thread makes one copy of the lane
 //                state (llama.cpp's export) and paging, hashing, dedupe and insertion run
@@ -105,7 +106,6 @@ class PrefixCacheStage final : public StageBackend {
         // Taken during the last request on this lane, kept while the lane keeps its state:
         // a next request that shares the prefix imports only one of these.
         std::vector<Checkpoint> checkpoints;
-        std::vector<uint8_t> turn_start;  // recurrent state at the prompt end
         int32_t n_restored = 0;           // of the current request
         std::vector<int32_t> pending;     // positions to record, export deferred
         uint64_t last_used = 0;

@@ -18,11 +18,18 @@ USER_TURNS = ["Hello, are you open today?", "How much is a new chain?",
 CACHE_FLAGS = ["--cache-min-tokens", "16", "--lanes", "2", "--ctx-size", "8192"]
 
 
-def conversation(server, turns, system=SYSTEM, max_tokens=8, key=None):
-    """Runs a multi-turn chat; returns per-turn (completion ids, usage, reply text)."""
+def conversation(server, turns, system=SYSTEM, max_tokens=8, key=None, think_s=0.0):
+    """Runs a multi-turn chat; returns per-turn (completion ids, usage, reply text).
+    `think_s`: the client's pause before each next message."""
     messages = [{"role": "system", "content": system}]
     out = []
-    for user in turns:
+    for i, user in enumerate(turns):
+        if i and think_s:
+            time.sleep(think_s)
+            deadline = time.time() + 30  # a slow machine: until the end of the turn ran
+            while (server.metrics().get("skippy_turn_ends_deferred", 0) > 0
+                   or server.metrics().get("skippy_lanes_busy", 0) > 0) and time.time() < deadline:
+                time.sleep(0.05)
         messages.append({"role": "user", "content": user})
         body = h.chat(messages, max_tokens=max_tokens)
         if key:
@@ -120,9 +127,21 @@ class PrefixCacheKindTest:
 
 class PrefillOnlyTheNewMessage:
     def test_07_six_turns_prefill_only_the_new_message(self):
-        turns = [f"Turn {i}: {USER_TURNS[i]}" for i in range(6)]
-        result = conversation(self.server, turns, max_tokens=6)
-        print(f"\n{self.kind} 6-turn conversation (prompt / cached / suffix tokens):")
+        # A person reads the reply before answering: meanwhile the server prefills the end
+        # of the turn, so the next turn restores the history with the reply in it.
+        self.six_turns("Turn", think_s=0.3, reply_restored=True)
+
+    def test_08_back_to_back_turns_restore_the_previous_prompt(self):
+        # An agent answers at once: the end of the turn has not run yet (it waits for an
+        # idle moment), so the history up to the previous prompt is restored and the reply
+        # is prefilled with the new message.
+        self.six_turns("Step", think_s=0.0, reply_restored=False)
+
+    def six_turns(self, label, think_s, reply_restored):
+        turns = [f"{label} {i}: {USER_TURNS[i]}" for i in range(6)]
+        result = conversation(self.server, turns, max_tokens=6, think_s=think_s)
+        print(f"\n{self.kind} 6-turn conversation, {think_s} s between turns "
+              "(prompt / cached / suffix tokens):")
         previous_prompt = 0
         previous_reply = 0
         for turn, (_, usage, _) in enumerate(result):
@@ -134,9 +153,11 @@ class PrefillOnlyTheNewMessage:
                   f"(added since last turn: {added}, of which reply: {previous_reply})")
             if turn >= 1:
                 self.assertGreater(cached, 0)
-                # Only the new user message and template tokens: the history, including
-                # the previous reply, is restored (2 tokens of slack for re-tokenization).
-                self.assertLessEqual(suffix, added - previous_reply + 2)
+                # Only the new user message and template tokens (and the previous reply
+                # unless it was restored): 2 tokens of slack for re-tokenization.
+                self.assertLessEqual(suffix, added - (previous_reply if reply_restored else 0)
+                                     + 2)
+                self.assertGreaterEqual(cached, previous_prompt - 2)
             previous_prompt = prompt
             previous_reply = usage["completion_tokens"]
 

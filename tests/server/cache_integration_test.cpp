@@ -57,7 +57,9 @@ Output run(Scheduler& scheduler, const std::vector<runtime::Token>& prompt, int 
 // The scheduler hands a lane's records to the queue when it releases the lane (after the
 // reply): wait for that, then for the record worker.
 void wait_recorded(Scheduler& scheduler, stage::PrefixCacheStage& stage) {
-    for (int i = 0; i < 2000 && (scheduler.stats().lanes_busy > 0 || stage.lanes_pending() > 0);
+    for (int i = 0;
+         i < 2000 && (scheduler.stats().lanes_busy > 0 ||
+                      scheduler.stats().turn_ends_deferred > 0 || stage.lanes_pending() > 0);
          ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }

@@ -69,7 +69,9 @@ Result run(Scheduler& scheduler, const std::vector<runtime::Token>& prompt, int 
 }
 
 void wait_recorded(Scheduler& scheduler, stage::PrefixCacheStage& stage) {
-    for (int i = 0; i < 5000 && (scheduler.stats().lanes_busy > 0 || stage.lanes_pending() > 0);
+    for (int i = 0;
+         i < 5000 && (scheduler.stats().lanes_busy > 0 ||
+                      scheduler.stats().turn_ends_deferred > 0 || stage.lanes_pending() > 0);
          ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
