@@ -27,9 +27,10 @@ using Pos = int32_t;
 enum class FlashAttn { Auto, On, Off };
 FlashAttn parse_flash_attn(const std::string& value);  // "auto" | "on" | "off"
 const char* flash_attn_name(FlashAttn value);
-// "auto" means off: on this CPU backend flash attention's results depend on how a prompt is
-// split into batches (tests/runtime/chunking_test.cpp), which the exact prefix cache cannot
-// allow; without it every split into chunks of >= 2 tokens gives the same bits.
+// "auto" means off. Both are exact for the prefix cache (tests/runtime/chunking_test.cpp):
+// without flash attention every split of a prefill into chunks of >= 2 tokens gives the same
+// bits, with it chunks of >= 64 tokens (stage/plan.h), so a restore leaves 64 tokens to
+// prefill: faster long prefills, slower warm requests whose new suffix is short.
 FlashAttn resolve_flash_attn(FlashAttn value);
 
 struct ContextOptions {
@@ -62,6 +63,7 @@ class InferenceContext {
     uint32_t n_ctx_seq() const;  // cells of one lane
     bool flash_attn() const;     // "auto" resolved
     uint32_t n_batch() const { return options_.n_batch; }
+    uint32_t n_ubatch() const { return options_.n_ubatch; }  // <= n_batch
     uint32_t n_seq_max() const { return options_.n_seq_max; }
 
     // ---- batch building and decoding ----

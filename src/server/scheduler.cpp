@@ -305,7 +305,9 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.next_chunk = 0;
     slot.next_checkpoint = 0;
     slot.prompt_done_pending = false;
-    const auto max_chunk = static_cast<int32_t>(context_->n_batch());
+    // A chunk is one llama.cpp ubatch: larger ones would be split inside llama_decode.
+    const auto max_chunk = static_cast<int32_t>(context_->n_ubatch());
+    const int32_t min_chunk = stage::min_chunk_tokens(context_->flash_attn());
     try {
         slot.plan = stage_->plan(*context_, slot.lane, slot.prompt_info, max_chunk);
     } catch (const std::exception& e) {
@@ -314,9 +316,10 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
         slot.plan = stage::Plan{};
         slot.plan.decision = stage::CacheDecision::Error;
         slot.plan.chunk_ends =
-            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk);
+            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk, min_chunk);
     }
-    const auto max_restored = stage::max_restorable(static_cast<int32_t>(prompt.size()));
+    const auto max_restored =
+        stage::max_restorable(static_cast<int32_t>(prompt.size()), min_chunk);
     if (slot.plan.n_restored < 0 || slot.plan.n_restored > max_restored ||
         context_->seq_pos_max(slot.lane) != slot.plan.n_restored - 1 ||
         slot.plan.chunk_ends.empty() ||
@@ -326,7 +329,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
         slot.plan = stage::Plan{};
         slot.plan.decision = stage::CacheDecision::Error;
         slot.plan.chunk_ends =
-            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk);
+            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk, min_chunk);
     }
     slot.n_prefilled = slot.plan.n_restored;
     slot.stats.prompt_tokens = static_cast<int32_t>(prompt.size());
@@ -443,17 +446,18 @@ bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
         !std::equal(prompt.begin(), prompt.end(), turn.begin())) {
         return false;
     }
-    if (!stage_->begin_turn_end(*context_, slot.lane, slot.prompt_info, turn)) {
+    const runtime::Pos from = stage_->begin_turn_end(*context_, slot.lane, slot.prompt_info, turn);
+    if (from < 0) {
         return false;
     }
     slot.turn = std::move(turn);
     slot.post_turn = true;
     slot.generating = false;
-    slot.n_prefilled = static_cast<int32_t>(prompt.size());
+    slot.n_prefilled = from;
     slot.n_decoded = 0;
-    slot.plan.chunk_ends =
-        stage::plan_chunks(slot.n_prefilled, static_cast<int32_t>(slot.turn.size()), {},
-                           static_cast<int32_t>(context_->n_batch()));
+    slot.plan.chunk_ends = stage::plan_chunks(
+        slot.n_prefilled, static_cast<int32_t>(slot.turn.size()), {},
+        static_cast<int32_t>(context_->n_ubatch()), stage::min_chunk_tokens(context_->flash_attn()));
     slot.plan.checkpoints.clear();
     slot.next_chunk = 0;
     slot.next_checkpoint = 0;

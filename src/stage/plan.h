@@ -1,15 +1,17 @@
 // Plan: what the scheduler executes for one request on its lane, as decided by the stage.
 //
 // Exactness rule (measured by tests/runtime/chunking_test.cpp on this llama.cpp build, CPU
-// backend, flash attention off, one KV stream per lane): the logits and state after a
-// prefill are bit-identical for every split of it into llama_decode chunks of at least 2
-// tokens each; a 1-token chunk (or a decode step) takes other kernels and rounds
+// backend, one KV stream per lane): the logits and state after a prefill are bit-identical
+// for every split of it into llama_decode chunks of at least `m` tokens each, where m = 2
+// with flash attention off and m = 64 with it on (ggml-cpu's flash attention computes a
+// batch of >= 64 query rows in 64-row tiles whose rows do not depend on each other, and
+// smaller batches with another kernel); a shorter chunk (or a decode step) rounds
 // differently. So:
-//   - a prefill never contains a 1-token chunk unless the whole prompt is 1 token;
-//   - a restored prefix leaves at least 2 prompt tokens to prefill;
-//   - state is cached only for tokens that were prefilled (generated tokens are prefilled
-//     again at the end of the turn before their state is cached).
-// With flash attention on, even aligned splits change the bits, so the cache is disabled.
+//   - a prefill never contains a chunk shorter than m unless the whole prefill is;
+//   - a restored prefix leaves at least m prompt tokens to prefill;
+//   - state is cached only for tokens that were prefilled in chunks of >= m (generated
+//     tokens are prefilled again at the end of the turn before their state is cached;
+//     a short cold prompt is not cached at all).
 #pragma once
 
 #include <cstdint>
@@ -42,14 +44,18 @@ struct Plan {
     std::vector<int32_t> checkpoints;
 };
 
-// Chunk ends for prefilling [begin, end): at most `max_chunk` tokens each, ending at every
-// pause in (begin, end) that keeps both neighbours at >= 2 tokens (others are dropped).
+// The shortest exact prefill chunk (m above).
+constexpr int32_t min_chunk_tokens(bool flash_attn) { return flash_attn ? 64 : 2; }
+
+// Chunk ends for prefilling [begin, end): at most `max_chunk` tokens each, at least
+// `min_chunk` (unless [begin, end) is shorter), ending at every pause in (begin, end) that
+// keeps both neighbours at >= min_chunk tokens (others are dropped).
 std::vector<int32_t> plan_chunks(int32_t begin, int32_t end, std::vector<int32_t> pauses,
-                                 int32_t max_chunk);
+                                 int32_t max_chunk, int32_t min_chunk = 2);
 
 // The longest prefix of a `prompt_len`-token prompt a restore may cover.
-constexpr int32_t max_restorable(int32_t prompt_len) {
-    return prompt_len >= 3 ? prompt_len - 2 : 0;
+constexpr int32_t max_restorable(int32_t prompt_len, int32_t min_chunk = 2) {
+    return prompt_len > min_chunk ? prompt_len - min_chunk : 0;
 }
 
 }  // namespace skippy::stage

@@ -60,6 +60,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     layout_.has_recurrent =
         model.kind() == runtime::ModelKind::Hybrid || model.kind() == runtime::ModelKind::Recurrent;
     match_ = layout_.has_recurrent ? cache::PrefixMatch::Stored : cache::PrefixMatch::Common;
+    min_chunk_ = min_chunk_tokens(base_fields_.flash_attn);
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
     // Captured states waiting in the record queue count against --cache-max-bytes: they get
     // an eighth of it, the stored entries the rest.
@@ -107,7 +108,7 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
     if (!disk_ || !lookups_enabled(prompt)) {
         return;
     }
-    const int32_t limit = max_restorable(static_cast<int32_t>(prompt.tokens.size()));
+    const int32_t limit = max_restorable(static_cast<int32_t>(prompt.tokens.size()), min_chunk_);
     if (limit < static_cast<int32_t>(policy_.min_tokens)) {
         return;
     }
@@ -184,7 +185,7 @@ int32_t PrefixCacheStage::lane_match(const LaneState& lane, const cache::Namespa
     if (!lane.has_ns || !(lane.ns == ns)) {
         return 0;  // another tenant's state is never reused
     }
-    const int32_t limit = max_restorable(static_cast<int32_t>(tokens.size()));
+    const int32_t limit = max_restorable(static_cast<int32_t>(tokens.size()), min_chunk_);
     const int32_t c = common_prefix(lane.tokens, tokens, limit);
     if (c < static_cast<int32_t>(policy_.min_tokens)) {
         return 0;
@@ -235,7 +236,7 @@ std::vector<int32_t> PrefixCacheStage::record_positions(const PromptInfo& prompt
                                                         int32_t n_restored,
                                                         bool turn_end_follows) const {
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    const int32_t limit = max_restorable(n);
+    const int32_t limit = max_restorable(n, min_chunk_);
     std::vector<int32_t> bounds;
     for (int32_t b : prompt.message_boundaries) {
         if (b > n_restored && b <= limit && b >= static_cast<int32_t>(policy_.min_tokens)) {
@@ -313,7 +314,8 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
         // The recurrent state is only ever available where the prefill pauses.
         pauses = record_positions(prompt, restored, prompt.turn_end_follows);
     }
-    plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk);
+    plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk, min_chunk_);
+    state.short_chunk = n - restored < min_chunk_;
     for (int32_t p : pauses) {
         if (p < n && std::binary_search(plan.chunk_ends.begin(), plan.chunk_ends.end(), p)) {
             plan.checkpoints.push_back(p);
@@ -327,7 +329,7 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
                                   LookupEvent& event) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    const int32_t limit = max_restorable(n);
+    const int32_t limit = max_restorable(n, min_chunk_);
     const auto t0 = Clock::now();
     const int32_t in_lane = lane_match(state, ns, prompt.tokens);
     const int32_t lane_common =
@@ -475,40 +477,49 @@ void PrefixCacheStage::prompt_done(runtime::InferenceContext& context, SeqId lan
     checkpoint(context, lane, prompt, static_cast<int32_t>(prompt.tokens.size()));
 }
 
-bool PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
-                                      const PromptInfo& prompt, std::span<const Token> turn) {
+Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
+                                     const PromptInfo& prompt, std::span<const Token> turn) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
-    const auto n = static_cast<Pos>(prompt.tokens.size());
-    if (!records_enabled(prompt) || turn.size() < prompt.tokens.size() + 2) {
-        return false;
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const auto end = static_cast<int32_t>(turn.size());
+    if (!records_enabled(prompt) || end < n + 2 || state.short_chunk) {
+        return -1;
     }
     if (state.tokens.size() != prompt.tokens.size() ||
         !std::equal(state.tokens.begin(), state.tokens.end(), prompt.tokens.begin())) {
-        return false;  // the lane moved on (or was forgotten) since the reply
+        return -1;  // the lane moved on (or was forgotten) since the reply
     }
+    // The reply's cells were decoded token by token: drop them, the scheduler prefills the
+    // assistant message canonically, in one chunk of at least the exact minimum: from the
+    // end of the prompt, or from earlier when the reply is shorter than that (prompt cells
+    // prefilled again come out bit-identical: the exactness rule).
+    int32_t from = std::min(n, end - min_chunk_);
     if (layout_.has_recurrent) {
-        auto start = std::find_if(
-            state.checkpoints.begin(), state.checkpoints.end(),
-            [&](const Checkpoint& cp) { return cp.n_tokens == static_cast<int32_t>(n); });
-        if (start == state.checkpoints.end()) {
-            return false;
+        // Only where the recurrent state was taken: the prompt end, or an earlier checkpoint.
+        const Checkpoint* start = nullptr;
+        for (const auto& cp : state.checkpoints) {
+            if (cp.n_tokens <= from && (start == nullptr || cp.n_tokens > start->n_tokens)) {
+                start = &cp;
+            }
         }
+        if (start == nullptr || start->n_tokens < static_cast<int32_t>(policy_.min_tokens)) {
+            return -1;
+        }
+        from = start->n_tokens;
         const auto scope =
             layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
         if (!context.state_import(*start->recurrent, lane, scope)) {
             context.seq_clear(lane);
             state.tokens.clear();
-            return false;
+            return -1;
         }
     }
-    // The reply's cells were decoded token by token: drop them, the scheduler prefills the
-    // assistant message canonically from the end of the prompt.
-    if (!context.seq_remove(lane, n, -1) || context.seq_pos_max(lane) != n - 1) {
+    if (from < 1 || !context.seq_remove(lane, from, -1) || context.seq_pos_max(lane) != from - 1) {
         context.seq_clear(lane);
         state.tokens.clear();
-        return false;
+        return -1;
     }
-    return true;
+    return from;
 }
 
 void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
@@ -516,6 +527,16 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
                                bool turn_end) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     state.last_used = ++clock_;
+    if (state.short_chunk && !turn_end) {
+        // Prefilled in a chunk too short to be exact: nothing of it is kept or recorded.
+        state.tokens.clear();
+        state.checkpoints.clear();
+        state.pending.clear();
+        state.recurrent_at = -1;
+        context.seq_clear(lane);
+        update_lane_gauge();
+        return;
+    }
     state.tokens.assign(canonical.begin(), canonical.end());
     const Pos held = context.seq_pos_max(lane) + 1;
     state.recurrent_at = held == static_cast<Pos>(canonical.size()) ? held : -1;

@@ -62,8 +62,8 @@ class PrefixCacheStage final : public StageBackend {
                     int32_t n_tokens) override;
     void prompt_done(runtime::InferenceContext& context, SeqId lane,
                      const PromptInfo& prompt) override;
-    bool begin_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
-                        std::span<const Token> turn) override;
+    Pos begin_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                       std::span<const Token> turn) override;
     void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
                  std::span<const Token> canonical, bool turn_end) override;
     void discard(runtime::InferenceContext& context, SeqId lane) override;
@@ -107,6 +107,9 @@ class PrefixCacheStage final : public StageBackend {
         // a next request that shares the prefix imports only one of these.
         std::vector<Checkpoint> checkpoints;
         int32_t n_restored = 0;           // of the current request
+        // The current request's prefill had a chunk shorter than the exact minimum (a
+        // short cold prompt): its state is neither recorded nor reused.
+        bool short_chunk = false;
         std::vector<int32_t> pending;     // positions to record, export deferred
         uint64_t last_used = 0;
     };
@@ -134,6 +137,7 @@ class PrefixCacheStage final : public StageBackend {
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
     size_t context_cells_per_lane_ = SIZE_MAX;  // set by attach(), read by prefetch()
+    int32_t min_chunk_ = 2;  // plan.h's exactness rule for this context's attention kernel
     // Attention KV of a prefix does not depend on what follows it: a dense entry serves every
     // prompt that shares a prefix with it (imported whole, then trimmed). Hybrid/recurrent
     // entries serve only where their recurrent state was taken.

@@ -7,7 +7,7 @@
 //   plan = plan(ctx, lane, prompt)            -> restore + chunk ends + checkpoints
 //   checkpoint(ctx, lane, prompt, n)          -> at each plan.checkpoints position
 //   ... decode the reply ...
-//   if (begin_turn_end(ctx, lane, prompt, turn)) prefill turn[prompt.size(), turn.size())
+//   from = begin_turn_end(ctx, lane, prompt, turn); if (from >= 0) prefill turn[from, end)
 //   release(ctx, lane, canonical)             -> records what is new; the lane keeps it
 //
 // Thread safety: every hook runs on the scheduler thread, the one thread that owns the
@@ -56,12 +56,13 @@ class StageBackend {
     // The prefill reached plan checkpoint `n_tokens`.
     virtual void checkpoint(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
                             const PromptInfo& /*prompt*/, int32_t /*n_tokens*/) {}
-    // End of turn: the reply is out; put the lane back to the end of the prompt so that the
-    // scheduler can prefill `turn` (the conversation as the next request will render it)
-    // from there. False = no end-of-turn work.
-    virtual bool begin_turn_end(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
-                                const PromptInfo& /*prompt*/, std::span<const Token> /*turn*/) {
-        return false;
+    // End of turn: the reply is out; put the lane back to a prefilled position (the end of
+    // the prompt, or earlier so that the chunk is long enough to be exact) from which the
+    // scheduler prefills `turn` (the conversation as the next request will render it).
+    // Returns that position; -1 = no end-of-turn work.
+    virtual Pos begin_turn_end(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
+                               const PromptInfo& /*prompt*/, std::span<const Token> /*turn*/) {
+        return -1;
     }
     // The lane is free again. Its first `canonical.size()` tokens are `canonical` and were
     // prefilled (their state is exact); anything after them was decoded. `turn_end`: the
@@ -102,7 +103,8 @@ class NoCacheStage final : public StageBackend {
         context.seq_clear(lane);
         Plan p;
         p.decision = CacheDecision::Off;
-        p.chunk_ends = plan_chunks(0, static_cast<int32_t>(prompt.tokens.size()), {}, max_chunk);
+        p.chunk_ends = plan_chunks(0, static_cast<int32_t>(prompt.tokens.size()), {}, max_chunk,
+                                   min_chunk_tokens(context.flash_attn()));
         return p;
     }
     void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo&,

@@ -1,5 +1,8 @@
 #include "stage/stage_factory.h"
 
+#include <algorithm>
+#include <string>
+
 #include "stage/prefix_cache_stage.h"
 
 namespace skippy::stage {
@@ -15,11 +18,12 @@ std::optional<cache::PayloadKind> choose_payload(PayloadChoice choice, runtime::
         reason = "sliding-window attention: cached KV would not match the window, cache disabled";
         return std::nullopt;
     }
-    if (runtime::resolve_flash_attn(context.flash_attn) == runtime::FlashAttn::On &&
-        kind != runtime::ModelKind::Recurrent) {
-        reason =
-            "flash attention on: its results depend on how a prompt is split into batches, so a "
-            "restored prefix would not be bit-identical to a cold prefill; cache disabled";
+    const int32_t min_chunk =
+        min_chunk_tokens(runtime::resolve_flash_attn(context.flash_attn) == runtime::FlashAttn::On);
+    if (static_cast<int64_t>(std::min(context.n_batch, context.n_ubatch)) < 2 * min_chunk) {
+        reason = "batches of " + std::to_string(std::min(context.n_batch, context.n_ubatch)) +
+                 " tokens cannot keep every prefill chunk at the " + std::to_string(min_chunk) +
+                 " tokens exactness needs with this attention kernel (plan.h); cache disabled";
         return std::nullopt;
     }
     switch (choice) {

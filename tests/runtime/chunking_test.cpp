@@ -83,6 +83,8 @@ TEST_P(ChunkingTest, ReportsWhichChunkingsAreBitIdentical) {
         {"lengths 2,3", {512, 514, 517, 520, 700}},
         {"one token mid", {512, 600, 601, 700}},
         {"two tokens mid", {512, 600, 602, 700}},
+        {"all >=64", {100, 300, 512, 636, 700}},
+        {"all >=64 unaligned", {77, 333, 600, 700}},
     };
     {
         ContextOptions one = options;
