@@ -80,15 +80,10 @@ def draw(results, out_dir):
                     ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v),
                                 ha="center", va="bottom", fontsize=7)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(family)))
-        ax.set_xticklabels([f"{n}\n({m['family']})" for n, m in family.items()])
         ax.set_yscale("log")
-        ax.set_ylabel("warm TTFT p50, skippy / llama-server")
-        ax.set_title("Family table: warm prefix hit (lower is better for skippy)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "family_ratio.png"), dpi=110)
-        plt.close(fig)
+        _finish_model_bars(plt, fig, ax, family, "warm TTFT p50, skippy / llama-server",
+                           "Family table: warm prefix hit (lower is better for skippy)",
+                           os.path.join(out_dir, "family_ratio.png"))
         made["family"] = "family_ratio.png"
     for name, xlabel in (("chat", "turn"), ("multisession", "turn"), ("agent", "prompt tokens"),
                          ("agent_edits", "turn")):
@@ -147,16 +142,23 @@ def draw(results, out_dir):
                 if v:
                     ax.annotate(f"{v:.0f}", (bar.get_x() + bar.get_width() / 2, v),
                                 ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(range(len(ltr)))
-        ax.set_xticklabels([f"{n}\n({m['family']})" for n, m in ltr.items()])
-        ax.set_ylabel("revisit TTFT p50 (ms)")
-        ax.set_title("Larger than RAM: working set ~10x skippy's RAM budget")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "larger_than_ram.png"), dpi=110)
-        plt.close(fig)
+        _finish_model_bars(plt, fig, ax, ltr, "revisit TTFT p50 (ms)",
+                           "Larger than RAM: working set ~10x skippy's RAM budget",
+                           os.path.join(out_dir, "larger_than_ram.png"))
         made["larger_than_ram"] = "larger_than_ram.png"
     return made
+
+
+def _finish_model_bars(plt, fig, ax, models, ylabel, title, path):
+    """One group of bars per model: the model ticks, labels, legend, and the PNG."""
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels([f"{n}\n({m['family']})" for n, m in models.items()])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
