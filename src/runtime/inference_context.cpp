@@ -45,7 +45,10 @@ const char* flash_attn_name(FlashAttn value) {
     return "?";
 }
 
-FlashAttn resolve_flash_attn(FlashAttn value) {
+FlashAttn resolve_flash_attn(FlashAttn value, ModelKind kind) {
+    if (kind == ModelKind::Recurrent) {
+        return FlashAttn::Off;
+    }
     return value == FlashAttn::On ? FlashAttn::On : FlashAttn::Off;
 }
 
@@ -76,7 +79,7 @@ InferenceContext::InferenceContext(const Model& model, const ContextOptions& opt
     params.n_threads_batch = options_.n_threads;
     params.kv_unified = false;
     params.no_perf = true;
-    options_.flash_attn = resolve_flash_attn(options_.flash_attn);
+    options_.flash_attn = resolve_flash_attn(options_.flash_attn, model.kind());
     params.flash_attn_type = options_.flash_attn == FlashAttn::On ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                                                                   : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     params.type_k = parse_cache_type(options_.type_k);

@@ -27,11 +27,10 @@ using Pos = int32_t;
 enum class FlashAttn { Auto, On, Off };
 FlashAttn parse_flash_attn(const std::string& value);  // "auto" | "on" | "off"
 const char* flash_attn_name(FlashAttn value);
-// "auto" means off. Both are exact for the prefix cache (tests/runtime/chunking_test.cpp):
-// without flash attention every split of a prefill into chunks of >= 2 tokens gives the same
-// bits, with it chunks of >= 64 tokens (stage/plan.h), so a restore leaves 64 tokens to
-// prefill: faster long prefills, slower warm requests whose new suffix is short.
-FlashAttn resolve_flash_attn(FlashAttn value);
+// "auto" means off. A model without attention layers (recurrent) has nothing to flash:
+// always off for it. Both settings are exact for the prefix cache (stage/plan.h's rule,
+// measured by tests/runtime/chunking_test.cpp).
+FlashAttn resolve_flash_attn(FlashAttn value, ModelKind kind);
 
 struct ContextOptions {
     uint32_t n_ctx = 4096;   // total KV cells, split evenly over the sequences

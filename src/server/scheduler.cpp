@@ -307,29 +307,29 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.prompt_done_pending = false;
     // A chunk is one llama.cpp ubatch: larger ones would be split inside llama_decode.
     const auto max_chunk = static_cast<int32_t>(context_->n_ubatch());
-    const int32_t min_chunk = stage::min_chunk_tokens(context_->flash_attn());
+    const auto rule = stage::ExactRule::for_flash_attn(context_->flash_attn());
+    const auto n_prompt = static_cast<int32_t>(prompt.size());
+    auto cold_plan = [&] {
+        slot.plan = stage::Plan{};
+        slot.plan.decision = stage::CacheDecision::Error;
+        slot.plan.chunk_ends =
+            stage::plan_chunks(0, n_prompt, {}, max_chunk, rule.body_min,
+                               rule.body_end(n_prompt, slot.prompt_info.message_boundaries));
+    };
     try {
         slot.plan = stage_->plan(*context_, slot.lane, slot.prompt_info, max_chunk);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: restore failed, falling back to prefill: %s\n", e.what());
         stage_->discard(*context_, slot.lane);
-        slot.plan = stage::Plan{};
-        slot.plan.decision = stage::CacheDecision::Error;
-        slot.plan.chunk_ends =
-            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk, min_chunk);
+        cold_plan();
     }
-    const auto max_restored =
-        stage::max_restorable(static_cast<int32_t>(prompt.size()), min_chunk);
-    if (slot.plan.n_restored < 0 || slot.plan.n_restored > max_restored ||
+    if (slot.plan.n_restored < 0 || slot.plan.n_restored >= n_prompt ||
         context_->seq_pos_max(slot.lane) != slot.plan.n_restored - 1 ||
         slot.plan.chunk_ends.empty() ||
         slot.plan.chunk_ends.back() != static_cast<int32_t>(prompt.size())) {
         // A plan that does not add up: start over from an empty lane.
         stage_->discard(*context_, slot.lane);
-        slot.plan = stage::Plan{};
-        slot.plan.decision = stage::CacheDecision::Error;
-        slot.plan.chunk_ends =
-            stage::plan_chunks(0, static_cast<int32_t>(prompt.size()), {}, max_chunk, min_chunk);
+        cold_plan();
     }
     slot.n_prefilled = slot.plan.n_restored;
     slot.stats.prompt_tokens = static_cast<int32_t>(prompt.size());
@@ -455,9 +455,10 @@ bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
     slot.generating = false;
     slot.n_prefilled = from;
     slot.n_decoded = 0;
-    slot.plan.chunk_ends = stage::plan_chunks(
-        slot.n_prefilled, static_cast<int32_t>(slot.turn.size()), {},
-        static_cast<int32_t>(context_->n_ubatch()), stage::min_chunk_tokens(context_->flash_attn()));
+    slot.plan.chunk_ends =
+        stage::plan_chunks(slot.n_prefilled, static_cast<int32_t>(slot.turn.size()), {},
+                           static_cast<int32_t>(context_->n_ubatch()),
+                           stage::min_chunk_tokens(context_->flash_attn()));
     slot.plan.checkpoints.clear();
     slot.next_chunk = 0;
     slot.next_checkpoint = 0;

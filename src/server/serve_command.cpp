@@ -257,8 +257,8 @@ int run_serve(ServeConfig config) {
                                        : std::string())
               << " ctx=" << config.scheduler.context.n_ctx << " lanes=" << config.scheduler.lanes
               << " ctx_per_lane=" << scheduler.n_ctx() << " flash_attn="
-              << runtime::flash_attn_name(
-                     runtime::resolve_flash_attn(config.scheduler.context.flash_attn))
+              << runtime::flash_attn_name(runtime::resolve_flash_attn(
+                     config.scheduler.context.flash_attn, model->kind()))
               << " threads=" << config.scheduler.context.n_threads
               << " batch=" << config.scheduler.context.n_batch
               << " queue_depth=" << config.scheduler.max_queue_depth

@@ -32,18 +32,24 @@ std::string_view to_string(CacheTier tier) {
     return "?";
 }
 
-std::vector<int32_t> plan_chunks(int32_t begin, int32_t end, std::vector<int32_t> pauses,
-                                 int32_t max_chunk, int32_t min_chunk) {
-    std::vector<int32_t> out;
-    if (end <= begin) {
-        return out;
+int32_t ExactRule::body_end(int32_t n, std::span<const int32_t> boundaries) const {
+    if (!has_tail() || n <= 0) {
+        return std::max(n, 0);
     }
-    max_chunk = std::max(max_chunk, 3);
-    // A split must be able to leave >= min_chunk on each side (a batch too small for that
-    // gets smaller minimum chunks: the stage factory keeps the cache off there).
-    min_chunk = std::clamp(min_chunk, 2, (max_chunk + 1) / 2);
-    std::sort(pauses.begin(), pauses.end());
-    pauses.erase(std::unique(pauses.begin(), pauses.end()), pauses.end());
+    int32_t anchor = 0;
+    for (int32_t b : boundaries) {
+        if (b >= body_min && b <= n - 1 && b > anchor) {
+            anchor = b;
+        }
+    }
+    return anchor + body_min * ((n - 1 - anchor) / body_min);
+}
+
+namespace {
+
+// One regime's part of a plan: [begin, end) in chunks of min_chunk..max_chunk tokens.
+void plan_part(int32_t begin, int32_t end, const std::vector<int32_t>& pauses, int32_t max_chunk,
+               int32_t min_chunk, std::vector<int32_t>& out) {
     int32_t at = begin;
     size_t next = 0;
     while (at < end) {
@@ -55,11 +61,31 @@ std::vector<int32_t> plan_chunks(int32_t begin, int32_t end, std::vector<int32_t
             stop = pauses[next];
         }
         if (end - stop > 0 && end - stop < min_chunk) {
-            stop = end - min_chunk;  // never leave a short tail
+            stop = std::max(at + 1, end - min_chunk);  // never leave a short rest
         }
         out.push_back(stop);
         at = stop;
     }
+}
+
+}  // namespace
+
+std::vector<int32_t> plan_chunks(int32_t begin, int32_t end, std::vector<int32_t> pauses,
+                                 int32_t max_chunk, int32_t min_chunk, int32_t body_end) {
+    std::vector<int32_t> out;
+    if (end <= begin) {
+        return out;
+    }
+    max_chunk = std::max(max_chunk, 3);
+    // A split must be able to leave >= min_chunk on each side (a batch too small for that
+    // gets smaller minimum chunks: the stage factory keeps the cache off there).
+    min_chunk = std::clamp(min_chunk, 2, (max_chunk + 1) / 2);
+    std::sort(pauses.begin(), pauses.end());
+    pauses.erase(std::unique(pauses.begin(), pauses.end()), pauses.end());
+    const int32_t split = std::clamp(body_end, begin, end);
+    plan_part(begin, split, pauses, max_chunk, min_chunk, out);
+    // A tail is < 64 tokens, or exactly 64 (then one chunk, computed like the body's).
+    plan_part(split, end, pauses, max_chunk, end - split >= min_chunk ? min_chunk : 2, out);
     return out;
 }
 

@@ -1,20 +1,28 @@
 // Plan: what the scheduler executes for one request on its lane, as decided by the stage.
 //
 // Exactness rule (measured by tests/runtime/chunking_test.cpp on this llama.cpp build, CPU
-// backend, one KV stream per lane): the logits and state after a prefill are bit-identical
-// for every split of it into llama_decode chunks of at least `m` tokens each, where m = 2
-// with flash attention off and m = 64 with it on (ggml-cpu's flash attention computes a
-// batch of >= 64 query rows in 64-row tiles whose rows do not depend on each other, and
-// smaller batches with another kernel); a shorter chunk (or a decode step) rounds
-// differently. So:
-//   - a prefill never contains a chunk shorter than m unless the whole prefill is;
-//   - a restored prefix leaves at least m prompt tokens to prefill;
-//   - state is cached only for tokens that were prefilled in chunks of >= m (generated
-//     tokens are prefilled again at the end of the turn before their state is cached;
-//     a short cold prompt is not cached at all).
+// backend, one KV stream per lane): a prefill's logits and state are bit-identical for
+// every split of it into llama_decode chunks of at least 2 tokens with flash attention off.
+// With it on, ggml-cpu computes a batch of >= 64 query rows in 64-row tiles whose rows do
+// not depend on each other, and a smaller batch with a per-row kernel that rounds
+// differently, so a prompt has two regimes: its *body* [0, B), prefilled in chunks of
+// >= 64 tokens (any split), and its *tail* [B, n) of < 64 tokens, prefilled in chunks of
+// >= 2 (any split) or as one chunk. B (body_end below) depends only on the prompt: the
+// last message boundary A (0 if none), then whole 64-token steps while they leave >= 1
+// token (a tail of exactly 64 tokens is one chunk, tiled like the body, and is not reused
+// on its own). With flash attention off B = n and there is no tail. So:
+//   - a restore of r tokens computed in the body regime is exact for a prompt with body
+//     end B when r == B < n, or B - r >= the body minimum (2, or 64 with flash attention);
+//     a lane whose tail was computed for the same B also serves its tail (up to n - 2);
+//   - state is recorded only in the body (generated tokens are prefilled again at the end
+//     of the turn, in body chunks, before their state is cached);
+//   - a single-token chunk (a decode step) rounds differently from all of these.
 #pragma once
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -37,25 +45,47 @@ struct Plan {
     int32_t n_restored = 0;  // prompt tokens in the lane now
     CacheDecision decision = CacheDecision::Miss;
     CacheTier tier = CacheTier::None;
-    // Ascending ends of the prefill chunks, the last one = the prompt size. Every chunk
-    // (from n_restored) has at least 2 tokens, or is the whole 1-token prompt.
+    // Ascending ends of the prefill chunks (from n_restored), the last one = the prompt
+    // size, following the exactness rule above.
     std::vector<int32_t> chunk_ends;
     // Chunk ends where the stage takes a checkpoint (StageBackend::checkpoint).
     std::vector<int32_t> checkpoints;
 };
 
-// The shortest exact prefill chunk (m above).
+// The shortest exact prefill chunk of the body (2, or 64 with flash attention).
 constexpr int32_t min_chunk_tokens(bool flash_attn) { return flash_attn ? 64 : 2; }
 
-// Chunk ends for prefilling [begin, end): at most `max_chunk` tokens each, at least
-// `min_chunk` (unless [begin, end) is shorter), ending at every pause in (begin, end) that
-// keeps both neighbours at >= min_chunk tokens (others are dropped).
-std::vector<int32_t> plan_chunks(int32_t begin, int32_t end, std::vector<int32_t> pauses,
-                                 int32_t max_chunk, int32_t min_chunk = 2);
+// The exactness rule of one context (see the top of this file).
+struct ExactRule {
+    int32_t body_min = 2;
 
-// The longest prefix of a `prompt_len`-token prompt a restore may cover.
-constexpr int32_t max_restorable(int32_t prompt_len, int32_t min_chunk = 2) {
-    return prompt_len > min_chunk ? prompt_len - min_chunk : 0;
-}
+    static ExactRule for_flash_attn(bool flash_attn) { return {min_chunk_tokens(flash_attn)}; }
+    bool has_tail() const { return body_min > 2; }
+    // B for a prompt of n tokens with these message boundaries (any order).
+    int32_t body_end(int32_t n, std::span<const int32_t> boundaries) const;
+    // Whether state of the first r tokens, computed in the body regime, may be restored for
+    // a prompt of n tokens with body end b.
+    bool can_restore(int32_t r, int32_t b, int32_t n) const {
+        return r >= 0 && r <= b && (r == b ? b < n : b - r >= body_min);
+    }
+    // The longest such r <= available (0 if none).
+    int32_t best_restore(int32_t available, int32_t b, int32_t n) const {
+        if (available >= b && b < n) {
+            return b;
+        }
+        return std::max(0, std::min(available, b - body_min));
+    }
+    // The longest restore a prompt of n tokens with body end b can take from the body.
+    int32_t restore_limit(int32_t b, int32_t n) const { return best_restore(n, b, n); }
+};
+
+// Chunk ends for prefilling [begin, end): at most `max_chunk` tokens each; in the body
+// [begin, body_end) at least `min_chunk` (unless that part is shorter), in the tail
+// [body_end, end) at least 2 (unless it is one token; one chunk when it is min_chunk
+// tokens or more); ending at body_end and at every
+// pause that keeps both neighbours at their minimum (others are dropped).
+std::vector<int32_t> plan_chunks(int32_t begin, int32_t end, std::vector<int32_t> pauses,
+                                 int32_t max_chunk, int32_t min_chunk = 2,
+                                 int32_t body_end = INT32_MAX);
 
 }  // namespace skippy::stage

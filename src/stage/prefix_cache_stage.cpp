@@ -47,7 +47,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     base_fields_.k_type = context.type_k;
     base_fields_.v_type = context.type_v;
     base_fields_.flash_attn =
-        runtime::resolve_flash_attn(context.flash_attn) == runtime::FlashAttn::On;
+        runtime::resolve_flash_attn(context.flash_attn, model.kind()) == runtime::FlashAttn::On;
     base_fields_.unified_kv = false;
     base_fields_.n_ctx = 0;  // pages do not depend on the context size or the lane count
     base_fields_.devices = "cpu";
@@ -60,7 +60,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     layout_.has_recurrent =
         model.kind() == runtime::ModelKind::Hybrid || model.kind() == runtime::ModelKind::Recurrent;
     match_ = layout_.has_recurrent ? cache::PrefixMatch::Stored : cache::PrefixMatch::Common;
-    min_chunk_ = min_chunk_tokens(base_fields_.flash_attn);
+    rule_ = ExactRule::for_flash_attn(base_fields_.flash_attn);
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
     // Captured states waiting in the record queue count against --cache-max-bytes: they get
     // an eighth of it, the stored entries the rest.
@@ -108,7 +108,8 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
     if (!disk_ || !lookups_enabled(prompt)) {
         return;
     }
-    const int32_t limit = max_restorable(static_cast<int32_t>(prompt.tokens.size()), min_chunk_);
+    const int32_t limit =
+        rule_.restore_limit(body_end(prompt), static_cast<int32_t>(prompt.tokens.size()));
     if (limit < static_cast<int32_t>(policy_.min_tokens)) {
         return;
     }
@@ -180,26 +181,43 @@ void PrefixCacheStage::apply_forget_lanes() {
     }
 }
 
+int32_t PrefixCacheStage::body_end(const PromptInfo& prompt) const {
+    return rule_.body_end(static_cast<int32_t>(prompt.tokens.size()), prompt.message_boundaries);
+}
+
+bool PrefixCacheStage::lane_serves(const LaneState& lane, int32_t p, int32_t b, int32_t n) const {
+    if (p <= lane.body_end) {
+        return rule_.can_restore(p, b, n);
+    }
+    // The lane's tail: prefilled for a prompt with the same body end, in chunks of >= 2.
+    return lane.tail_exact && lane.body_end == b && p <= n - 2;
+}
+
 int32_t PrefixCacheStage::lane_match(const LaneState& lane, const cache::NamespaceId& ns,
-                                     std::span<const Token> tokens) const {
+                                     const PromptInfo& prompt) const {
     if (!lane.has_ns || !(lane.ns == ns)) {
         return 0;  // another tenant's state is never reused
     }
-    const int32_t limit = max_restorable(static_cast<int32_t>(tokens.size()), min_chunk_);
-    const int32_t c = common_prefix(lane.tokens, tokens, limit);
-    if (c < static_cast<int32_t>(policy_.min_tokens)) {
-        return 0;
-    }
-    if (!layout_.has_recurrent) {
-        return c;  // attention KV of any prefix is exact: trim the lane to it
-    }
-    if (lane.recurrent_at == c) {
-        return c;  // the lane's state is exactly there
-    }
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t b = body_end(prompt);
+    const int32_t c = common_prefix(lane.tokens, prompt.tokens, std::max(n - 1, 0));
     int32_t best = 0;
-    for (const auto& cp : lane.checkpoints) {
-        if (cp.n_tokens <= c && cp.n_tokens > best) {
-            best = cp.n_tokens;
+    if (!layout_.has_recurrent) {
+        // Attention KV of any prefix is exact: trim the lane to the longest that serves.
+        best = rule_.best_restore(std::min(c, lane.body_end), b, n);
+        if (c > lane.body_end && lane_serves(lane, std::min(c, n - 2), b, n)) {
+            best = std::max(best, std::min(c, n - 2));
+        }
+    } else {
+        // Only where the recurrent state is: the lane's end, or a checkpoint.
+        auto consider = [&](int32_t p) {
+            if (p <= c && p > best && lane_serves(lane, p, b, n)) {
+                best = p;
+            }
+        };
+        consider(lane.recurrent_at);
+        for (const auto& cp : lane.checkpoints) {
+            consider(cp.n_tokens);
         }
     }
     return best >= static_cast<int32_t>(policy_.min_tokens) ? best : 0;
@@ -215,7 +233,7 @@ SeqId PrefixCacheStage::choose_lane(std::span<const SeqId> idle, const PromptInf
     uint64_t best_used = UINT64_MAX;
     for (SeqId lane : idle) {
         const LaneState& s = lanes_[static_cast<size_t>(lane)];
-        const int32_t match = lookup ? lane_match(s, ns, prompt.tokens) : 0;
+        const int32_t match = lookup ? lane_match(s, ns, prompt) : 0;
         const bool empty = s.tokens.empty();
         // Longest match first; then an empty lane; then the least recently used one, so
         // that the states other conversations will come back to survive longest.
@@ -236,7 +254,7 @@ std::vector<int32_t> PrefixCacheStage::record_positions(const PromptInfo& prompt
                                                         int32_t n_restored,
                                                         bool turn_end_follows) const {
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    const int32_t limit = max_restorable(n, min_chunk_);
+    const int32_t limit = rule_.restore_limit(body_end(prompt), n);  // only the body
     std::vector<int32_t> bounds;
     for (int32_t b : prompt.message_boundaries) {
         if (b > n_restored && b <= limit && b >= static_cast<int32_t>(policy_.min_tokens)) {
@@ -246,9 +264,9 @@ std::vector<int32_t> PrefixCacheStage::record_positions(const PromptInfo& prompt
     std::sort(bounds.begin(), bounds.end());
     bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
     std::vector<int32_t> out;
-    // The end of the prompt (minus the 2 tokens a restore leaves to prefill) serves a
-    // request that repeats or extends this prompt; a chat request records its turn end
-    // instead.
+    // The end of the prompt's body (without flash attention: the prompt end minus the 2
+    // tokens a restore leaves to prefill) serves a request that repeats or extends this
+    // prompt; a chat request records its turn end instead.
     if (!turn_end_follows && limit > n_restored &&
         limit >= static_cast<int32_t>(policy_.min_tokens)) {
         out.push_back(limit);
@@ -278,7 +296,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     if (!state.pending.empty()) {
         // Records waiting for this lane's state survive only if the new prompt keeps all of
         // them (the same conversation going on); otherwise they are exported now.
-        const int32_t keep = lookups_enabled(prompt) ? lane_match(state, ns, prompt.tokens) : 0;
+        const int32_t keep = lookups_enabled(prompt) ? lane_match(state, ns, prompt) : 0;
         if (keep < state.pending.back()) {
             flush_lane(context, lane);
         }
@@ -309,13 +327,21 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     state.recurrent_at = restored;
     state.n_restored = restored;
     plan.n_restored = restored;
+    // The regimes of this prefill (plan.h): a restore inside the body leaves a valid rest
+    // (restore() and lane_match() chose it so); one in the lane's tail keeps its body end.
+    const int32_t b = body_end(prompt);
+    state.body_end = restored > b || rule_.can_restore(restored, b, n) ? b : restored;
+    const int32_t tail = n - std::max(restored, b);  // 1: a decode step; 64: tiled
+    state.tail_exact = tail != 1 && tail < rule_.body_min;
     std::vector<int32_t> pauses;
     if (layout_.has_recurrent && records_enabled(prompt)) {
         // The recurrent state is only ever available where the prefill pauses.
         pauses = record_positions(prompt, restored, prompt.turn_end_follows);
+        if (b < n && b > restored) {
+            pauses.push_back(b);  // where the end of the turn restarts (begin_turn_end)
+        }
     }
-    plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk, min_chunk_);
-    state.short_chunk = n - restored < min_chunk_;
+    plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk, rule_.body_min, b);
     for (int32_t p : pauses) {
         if (p < n && std::binary_search(plan.chunk_ends.begin(), plan.chunk_ends.end(), p)) {
             plan.checkpoints.push_back(p);
@@ -329,17 +355,36 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
                                   LookupEvent& event) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    const int32_t limit = max_restorable(n, min_chunk_);
+    const int32_t b = body_end(prompt);
+    const int32_t limit = rule_.restore_limit(b, n);
     const auto t0 = Clock::now();
-    const int32_t in_lane = lane_match(state, ns, prompt.tokens);
+    const int32_t in_lane = lane_match(state, ns, prompt);
     const int32_t lane_common =
         state.has_ns && state.ns == ns ? common_prefix(state.tokens, prompt.tokens, limit) : 0;
     std::optional<cache::ExactHit> hit;
-    if (limit >= static_cast<int32_t>(policy_.min_tokens)) {
-        const auto query = prompt.tokens.first(static_cast<size_t>(limit));
-        hit = exact_->acquire_longest(ns, query, match_);  // a Common hit is trimmed after import
-        if (hit && hit->stored_len > context.n_ctx_seq()) {
-            hit.reset();  // recorded by a server with longer lanes
+    auto lookup = [&](int32_t len) {
+        hit.reset();
+        if (len >= static_cast<int32_t>(policy_.min_tokens)) {
+            // A Common hit is trimmed after import.
+            hit =
+                exact_->acquire_longest(ns, prompt.tokens.first(static_cast<size_t>(len)), match_);
+            if (hit && hit->stored_len > context.n_ctx_seq()) {
+                hit.reset();  // recorded by a server with longer lanes
+            }
+        }
+    };
+    lookup(limit);
+    if (hit && rule_.has_tail() && !rule_.can_restore(static_cast<int32_t>(hit->len), b, n)) {
+        // Stored entries are all body: one that ends just before the body end leaves a
+        // rest too short for the body's chunks.
+        if (match_ == cache::PrefixMatch::Common) {
+            hit->len =
+                static_cast<size_t>(rule_.best_restore(static_cast<int32_t>(hit->len), b, n));
+            if (hit->len < policy_.min_tokens) {
+                hit.reset();
+            }
+        } else {
+            lookup(b - rule_.body_min);
         }
     }
     const auto stored = hit ? static_cast<int32_t>(hit->len) : 0;
@@ -393,7 +438,8 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     // Hybrid/recurrent: the lane may hold the attention KV of the entry's prefix already;
     // then only the recurrent state is imported.
     const bool recurrent_only = layout_.has_recurrent && layout_.has_attention &&
-                                lane_common >= stored && hit->descriptor.recurrent_bytes > 0;
+                                lane_common >= stored && lane_serves(state, stored, b, n) &&
+                                hit->descriptor.recurrent_bytes > 0;
     if (!recurrent_only) {
         context.seq_clear(lane);
     }
@@ -467,14 +513,16 @@ void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane
 
 void PrefixCacheStage::prompt_done(runtime::InferenceContext& context, SeqId lane,
                                    const PromptInfo& prompt) {
-    if (!layout_.has_recurrent || !prompt.turn_end_follows || !records_enabled(prompt)) {
-        return;
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    if (!layout_.has_recurrent || !prompt.turn_end_follows || !records_enabled(prompt) ||
+        lanes_[static_cast<size_t>(lane)].body_end < n) {
+        return;  // (a prompt with a tail has a checkpoint at its body end instead)
     }
     // A checkpoint at the prompt end: the end of the turn restarts from it, and the next
     // request of the conversation, which shares this prompt whole (a generation prompt is
     // one of its message boundaries) but not always the reply (a client that edits or
     // re-renders it, or one that comes back before the end of the turn ran), restores it.
-    checkpoint(context, lane, prompt, static_cast<int32_t>(prompt.tokens.size()));
+    checkpoint(context, lane, prompt, n);
 }
 
 Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
@@ -482,7 +530,7 @@ Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId l
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     const auto n = static_cast<int32_t>(prompt.tokens.size());
     const auto end = static_cast<int32_t>(turn.size());
-    if (!records_enabled(prompt) || end < n + 2 || state.short_chunk) {
+    if (!records_enabled(prompt) || end < n + 2) {
         return -1;
     }
     if (state.tokens.size() != prompt.tokens.size() ||
@@ -490,10 +538,10 @@ Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId l
         return -1;  // the lane moved on (or was forgotten) since the reply
     }
     // The reply's cells were decoded token by token: drop them, the scheduler prefills the
-    // assistant message canonically, in one chunk of at least the exact minimum: from the
-    // end of the prompt, or from earlier when the reply is shorter than that (prompt cells
+    // assistant message canonically, in body chunks (plan.h): from the end of the prompt's
+    // body, or from earlier when the rest is shorter than the body minimum (prompt cells
     // prefilled again come out bit-identical: the exactness rule).
-    int32_t from = std::min(n, end - min_chunk_);
+    int32_t from = std::min(state.body_end, end - rule_.body_min);
     if (layout_.has_recurrent) {
         // Only where the recurrent state was taken: the prompt end, or an earlier checkpoint.
         const Checkpoint* start = nullptr;
@@ -527,17 +575,12 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
                                bool turn_end) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     state.last_used = ++clock_;
-    if (state.short_chunk && !turn_end) {
-        // Prefilled in a chunk too short to be exact: nothing of it is kept or recorded.
-        state.tokens.clear();
-        state.checkpoints.clear();
-        state.pending.clear();
-        state.recurrent_at = -1;
-        context.seq_clear(lane);
-        update_lane_gauge();
-        return;
-    }
     state.tokens.assign(canonical.begin(), canonical.end());
+    if (turn_end) {
+        // The end of the turn was prefilled in body chunks from inside the body.
+        state.body_end = static_cast<int32_t>(canonical.size());
+        state.tail_exact = true;
+    }
     const Pos held = context.seq_pos_max(lane) + 1;
     state.recurrent_at = held == static_cast<Pos>(canonical.size()) ? held : -1;
     if (!records_enabled(prompt) || canonical.empty()) {
@@ -560,7 +603,9 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
             }
         }
         for (const auto& c : state.checkpoints) {
-            positions.push_back(c.n_tokens);
+            if (c.n_tokens <= state.body_end) {
+                positions.push_back(c.n_tokens);  // (tail checkpoints stay in the lane)
+            }
         }
     } else {
         // One entry, the longest: a dense entry serves every prefix of itself (restore()).

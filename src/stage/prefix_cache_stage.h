@@ -15,11 +15,11 @@
 //   release      notes what can be hit and is not stored yet: message boundaries new in
 //                this request, the prompt end - 2 for requests without an end of turn,
 //                and the end of the turn (hybrid/recurrent: also the prompt end, where the
-//                next request restores when the client sends back a different reply). The lane keeps its state for the next request, so the
-//                export is deferred until that state is about to be replaced or the
-//                scheduler is idle; then the scheduler thread makes one copy of the lane
-//                state (llama.cpp's export) and paging, hashing, dedupe and insertion run
-//                on the record worker.
+//                next request restores when the client sends back a different reply). The lane
+//                keeps its state for the next request, so the export is deferred until that state
+//                is about to be replaced or the scheduler is idle; then the scheduler thread makes
+//                one copy of the lane state (llama.cpp's export) and paging, hashing, dedupe and
+//                insertion run on the record worker.
 //
 // Thread safety: the StageBackend hooks run on the scheduler thread (which owns the
 // InferenceContext). The exact-state cache and the record queue have their own mutexes and
@@ -100,24 +100,31 @@ class PrefixCacheStage final : public StageBackend {
         bool has_ns = false;
         cache::NamespaceId ns;
         std::vector<Token> tokens;  // prefilled tokens whose state the lane holds
+        // plan.h's regimes: tokens[0, body_end) were computed in the body regime, the rest
+        // in the tail of a prompt with this body end (reusable only for the same body end,
+        // and only when tail_exact: no single-token tail chunk).
+        int32_t body_end = 0;
+        bool tail_exact = false;
         // Position of the lane's recurrent state when it is exactly the end of `tokens`
         // (prefilled, nothing decoded after it); -1 otherwise.
         int32_t recurrent_at = -1;
         // Taken during the last request on this lane, kept while the lane keeps its state:
         // a next request that shares the prefix imports only one of these.
         std::vector<Checkpoint> checkpoints;
-        int32_t n_restored = 0;           // of the current request
-        // The current request's prefill had a chunk shorter than the exact minimum (a
-        // short cold prompt): its state is neither recorded nor reused.
-        bool short_chunk = false;
-        std::vector<int32_t> pending;     // positions to record, export deferred
+        int32_t n_restored = 0;        // of the current request
+        std::vector<int32_t> pending;  // positions to record, export deferred
         uint64_t last_used = 0;
     };
 
     bool lookups_enabled(const PromptInfo& prompt) const;
     bool records_enabled(const PromptInfo& prompt) const;
+    // The longest prefix of the prompt the lane can serve in place (0: none).
     int32_t lane_match(const LaneState& lane, const cache::NamespaceId& ns,
-                       std::span<const Token> tokens) const;
+                       const PromptInfo& prompt) const;
+    // Whether the lane's state of its first p tokens is exact for a prompt of n tokens with
+    // body end b (plan.h).
+    bool lane_serves(const LaneState& lane, int32_t p, int32_t b, int32_t n) const;
+    int32_t body_end(const PromptInfo& prompt) const;
     std::vector<int32_t> record_positions(const PromptInfo& prompt, int32_t n_restored,
                                           bool turn_end_follows) const;
     int32_t restore(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
@@ -137,7 +144,7 @@ class PrefixCacheStage final : public StageBackend {
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
     size_t context_cells_per_lane_ = SIZE_MAX;  // set by attach(), read by prefetch()
-    int32_t min_chunk_ = 2;  // plan.h's exactness rule for this context's attention kernel
+    ExactRule rule_;  // plan.h's exactness rule for this context's attention kernel
     // Attention KV of a prefix does not depend on what follows it: a dense entry serves every
     // prompt that shares a prefix with it (imported whole, then trimmed). Hybrid/recurrent
     // entries serve only where their recurrent state was taken.

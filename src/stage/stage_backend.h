@@ -103,8 +103,10 @@ class NoCacheStage final : public StageBackend {
         context.seq_clear(lane);
         Plan p;
         p.decision = CacheDecision::Off;
-        p.chunk_ends = plan_chunks(0, static_cast<int32_t>(prompt.tokens.size()), {}, max_chunk,
-                                   min_chunk_tokens(context.flash_attn()));
+        const auto rule = ExactRule::for_flash_attn(context.flash_attn());
+        const auto n = static_cast<int32_t>(prompt.tokens.size());
+        p.chunk_ends = plan_chunks(0, n, {}, max_chunk, rule.body_min,
+                                   rule.body_end(n, prompt.message_boundaries));
         return p;
     }
     void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo&,

@@ -96,6 +96,23 @@ TEST_P(ChunkingTest, ReportsWhichChunkingsAreBitIdentical) {
         std::printf("[chunking] %s fa=%s %-18s %s\n", c.arch.c_str(), flash_attn_name(c.fa),
                     "1 thread, 4 lanes", same ? "bit-identical" : "DIFFERENT");
     }
+    // Flash attention on, canonical tail: chunks >= 64 up to a body end, then the short
+    // rest in chunks of >= 2 (plan.h). Compared against the body + one-tail-chunk run.
+    const auto tail_ref = logits_after(ctx, 0, tokens, {512, 640, 700});
+    const std::vector<Variant> tail_variants = {
+        {"tail: body split", {300, 640, 700}},     {"tail: body 64s", {64, 128, 576, 640, 700}},
+        {"tail: split >=2", {512, 640, 670, 700}}, {"tail: split 2s", {512, 640, 642, 698, 700}},
+        {"tail: other lane", {512, 640, 700}},
+    };
+    for (const auto& v : tail_variants) {
+        const SeqId seq = std::string(v.name) == "tail: other lane" ? 1 : 0;
+        const bool same = same_bits(tail_ref, logits_after(ctx, seq, tokens, v.ends));
+        std::printf("[chunking] %s fa=%s %-18s %s\n", c.arch.c_str(), flash_attn_name(c.fa), v.name,
+                    same ? "bit-identical" : "DIFFERENT");
+        if (c.fa == FlashAttn::On || std::string(v.name) == "tail: other lane") {
+            EXPECT_TRUE(same) << v.name;
+        }
+    }
     for (const auto& v : variants) {
         const SeqId seq = std::string(v.name) == "other lane" ? 1 : 0;
         const bool same = same_bits(ref, logits_after(ctx, seq, tokens, v.ends));

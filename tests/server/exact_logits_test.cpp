@@ -127,7 +127,7 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
     void SetUp() override {
         arch_ = GetParam().arch;
         const SchedulerOptions o = options(GetParam().flash_attn);
-        min_chunk_ = stage::min_chunk_tokens(GetParam().flash_attn);
+        rule_ = stage::ExactRule::for_flash_attn(GetParam().flash_attn);
         model_ = runtime::Model::load(skippy::testing::tiny_model(arch_, "exact-logits", 9));
         off_ = std::make_unique<Scheduler>(*model_, o, std::make_unique<stage::NoCacheStage>());
         auto stage = std::make_unique<stage::PrefixCacheStage>(cache_config(), *model_, o.context,
@@ -136,11 +136,19 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
         on_ = std::make_unique<Scheduler>(*model_, o, std::move(stage));
     }
 
-    // Whether a prompt of `n` tokens can restore anything of a cached `prefix`-token prompt
-    // (a restore leaves min_chunk_ tokens; a prompt shorter than that is not cached).
+    // These prompts have no message boundaries: the body end of plan.h's rule.
+    int32_t body_end(size_t n) const { return rule_.body_end(static_cast<int32_t>(n), {}); }
+    // What a cached `prefix`-token completion recorded (the end of its body, or without
+    // flash attention its end minus the 2 tokens a restore leaves).
+    int32_t recorded(size_t prefix) const {
+        return rule_.restore_limit(body_end(prefix), static_cast<int32_t>(prefix));
+    }
+    // Whether a prompt of `n` tokens that extends a cached `prefix`-token prompt must
+    // restore something of it.
     bool can_hit(size_t prefix, size_t n) const {
-        return prefix >= static_cast<size_t>(min_chunk_) &&
-               n >= static_cast<size_t>(min_chunk_) + cache_config().min_tokens;
+        const int32_t r =
+            rule_.best_restore(recorded(prefix), body_end(n), static_cast<int32_t>(n));
+        return r >= static_cast<int32_t>(cache_config().min_tokens);
     }
 
     // Runs `prompt` on both servers; the logits of every sampled token must be bit-identical.
@@ -156,7 +164,7 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
     }
 
     std::string arch_;
-    int32_t min_chunk_ = 2;
+    stage::ExactRule rule_;
     std::unique_ptr<runtime::Model> model_;
     std::unique_ptr<Scheduler> off_;
     std::unique_ptr<Scheduler> on_;
@@ -176,6 +184,8 @@ TEST_P(ExactLogitsTest, EveryRestorePathGivesTheColdLogits) {
             const auto extra = random_tokens(rng, tail);
             prompt.insert(prompt.end(), extra.begin(), extra.end());
             const Result r = check(prompt, "lane hit, tail " + std::to_string(tail));
+            std::printf("[exact] %s len %zu tail %zu cached %d\n", arch_.c_str(), len, tail,
+                        r.stats.cached_tokens);
             if (can_hit(len, prompt.size())) {
                 EXPECT_GT(r.stats.cached_tokens, 0) << "tail " << tail;
             }
@@ -206,9 +216,10 @@ TEST_P(ExactLogitsTest, StoredEntryServesASharedPrefix) {
         prompt.insert(prompt.end(), extra.begin(), extra.end());
         const Result r = check(prompt, "diverging prompt");
         if (arch_ == "llama") {
+            const auto n = static_cast<int32_t>(prompt.size());
             EXPECT_EQ(r.stats.cached_tokens,
-                      std::min(static_cast<int32_t>(common),
-                               static_cast<int32_t>(prompt.size()) - min_chunk_));
+                      rule_.best_restore(std::min(static_cast<int32_t>(common), recorded(260)),
+                                         body_end(prompt.size()), n));
         }
     }
 }
@@ -239,13 +250,16 @@ TEST_P(ExactLogitsTest, ChatTurnEndsAreExact) {
         const Result got = run(*on_, std::move(req), got_out);
         EXPECT_EQ(got.tokens, ref.tokens);
         EXPECT_TRUE(same_bits(got.logits, ref.logits, n)) << "cached " << got.stats.cached_tokens;
-        if (turn > 0 && min_chunk_ == 2) {
+        if (turn > 0 && arch_ == "llama") {
+            // The lane holds the whole turn end in the body regime: it restores as much of
+            // it as plan.h's rule lets this prompt take.
+            EXPECT_EQ(
+                got.stats.cached_tokens,
+                rule_.best_restore(static_cast<int32_t>(history.size()), body_end(prompt.size()),
+                                   static_cast<int32_t>(prompt.size())));
+        } else if (turn > 0 && !rule_.has_tail()) {
             // Everything but the new message (and the 2 tokens a restore leaves) is restored.
             EXPECT_GE(got.stats.cached_tokens, static_cast<int32_t>(history.size()) - 2);
-        } else if (turn > 0 && arch_ == "llama") {
-            // A restore leaves min_chunk_ tokens: the new message and the end of the history.
-            EXPECT_GE(got.stats.cached_tokens,
-                      static_cast<int32_t>(prompt.size()) - min_chunk_ - 2);
         }
         wait_recorded(*on_, *stage_);
         history = prompt;

@@ -1,7 +1,8 @@
-// plan_chunks and max_restorable: the exactness rule of plan.h (every chunk of a prefill
-// at least min_chunk tokens unless the whole prefill is shorter, at most max_chunk).
+// plan_chunks and ExactRule: the exactness rule of plan.h (body chunks of at least the
+// body minimum, tail chunks of at least 2, restores that leave a valid rest).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -54,10 +55,83 @@ TEST(PlanChunks, RandomPlansKeepTheRule) {
 }
 
 TEST(PlanChunks, RestoresLeaveTheMinimumToPrefill) {
-    EXPECT_EQ(max_restorable(100, 2), 98);
-    EXPECT_EQ(max_restorable(2, 2), 0);
-    EXPECT_EQ(max_restorable(100, 64), 36);
-    EXPECT_EQ(max_restorable(64, 64), 0);
+    const auto off = ExactRule::for_flash_attn(false);
+    EXPECT_EQ(off.body_end(100, std::vector<int32_t>{40}), 100);  // no tail
+    EXPECT_EQ(off.restore_limit(100, 100), 98);
+    EXPECT_EQ(off.restore_limit(2, 2), 0);
+    EXPECT_TRUE(off.can_restore(98, 100, 100));
+    EXPECT_FALSE(off.can_restore(99, 100, 100));
+}
+
+TEST(PlanChunks, FlashAttentionBodyAndTail) {
+    const auto fa = ExactRule::for_flash_attn(true);
+    // No boundary: whole 64-token steps that leave >= 1 token.
+    EXPECT_EQ(fa.body_end(1025, std::vector<int32_t>{}), 1024);
+    EXPECT_EQ(fa.body_end(1024, std::vector<int32_t>{}), 960);
+    EXPECT_EQ(fa.body_end(60, std::vector<int32_t>{}), 0);
+    // From the last message boundary (>= 64, before the end) on.
+    EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1030}), 1030);
+    EXPECT_EQ(fa.body_end(1200, std::vector<int32_t>{1030, 30}), 1030 + 128);
+    EXPECT_EQ(fa.body_end(1200, std::vector<int32_t>{1199, 1200}), 1199);
+    EXPECT_EQ(fa.body_end(100, std::vector<int32_t>{50}), 64);  // a boundary < 64 is no anchor
+    // Restores: the body end itself, or >= 64 before it.
+    EXPECT_TRUE(fa.can_restore(1024, 1024, 1025));
+    EXPECT_FALSE(fa.can_restore(1000, 1024, 1025));
+    EXPECT_TRUE(fa.can_restore(960, 1024, 1025));
+    EXPECT_FALSE(fa.can_restore(1025, 1024, 1025));
+    EXPECT_EQ(fa.best_restore(5000, 1024, 1025), 1024);
+    EXPECT_EQ(fa.best_restore(1000, 1024, 1025), 960);
+    EXPECT_EQ(fa.best_restore(900, 1024, 1025), 900);
+    EXPECT_EQ(fa.best_restore(30, 0, 40), 0);
+    // Plans: body chunks >= 64 up to the body end, then the tail in chunks >= 2.
+    EXPECT_EQ(plan_chunks(0, 1050, {}, 512, 64, 1030),
+              (std::vector<int32_t>{512, 966, 1030, 1050}));
+    EXPECT_EQ(plan_chunks(0, 1094, {1060}, 512, 64, 1030),
+              (std::vector<int32_t>{512, 966, 1030, 1094}));  // a 64-token tail: one chunk
+    EXPECT_EQ(plan_chunks(1000, 1050, {}, 512, 64, 1030), (std::vector<int32_t>{1030, 1050}));
+    EXPECT_EQ(plan_chunks(1035, 1050, {1040}, 512, 64, 1030), (std::vector<int32_t>{1040, 1050}));
+    EXPECT_EQ(plan_chunks(0, 1031, {}, 512, 64, 1030),
+              (std::vector<int32_t>{512, 966, 1030, 1031}));
+    EXPECT_EQ(plan_chunks(0, 40, {20}, 512, 64, 0), (std::vector<int32_t>{20, 40}));
+}
+
+TEST(PlanChunks, RandomBodyAndTailPlansKeepTheRule) {
+    std::mt19937 rng(9);
+    const auto fa = ExactRule::for_flash_attn(true);
+    for (int i = 0; i < 2000; ++i) {
+        const int32_t n = std::uniform_int_distribution<int32_t>(1, 3000)(rng);
+        std::vector<int32_t> bounds;
+        for (int k = 0; k < 4; ++k) {
+            bounds.push_back(std::uniform_int_distribution<int32_t>(0, n)(rng));
+        }
+        const int32_t b = fa.body_end(n, bounds);
+        ASSERT_GE(b, 0);
+        ASSERT_LT(b, n);
+        ASSERT_LE(n - b, 64) << "a tail of <= 64 tokens";
+        const int32_t available = std::uniform_int_distribution<int32_t>(0, n)(rng);
+        const int32_t r = fa.best_restore(available, b, n);
+        ASSERT_LE(r, available);
+        ASSERT_TRUE(r == 0 || fa.can_restore(r, b, n)) << r << " " << b << " " << n;
+        const auto ends = plan_chunks(r, n, bounds, 512, 64, b);
+        ASSERT_FALSE(ends.empty());
+        EXPECT_EQ(ends.back(), n);
+        if (r < b) {
+            EXPECT_TRUE(std::binary_search(ends.begin(), ends.end(), b)) << "a chunk ends at B";
+        }
+        int32_t at = r;
+        for (int32_t e : ends) {
+            const bool body = e <= b;
+            EXPECT_GT(e, at);
+            EXPECT_LE(e - at, 512);
+            if (body) {
+                EXPECT_GE(e - at, 64) << at << ".." << e << " body end " << b;
+            } else if (n - std::max(at, b) > 1 && n - b < 64) {
+                EXPECT_GE(e - at, 2) << at << ".." << e;
+                EXPECT_GE(at, b) << "no chunk straddles the body end";
+            }
+            at = e;
+        }
+    }
 }
 
 }  // namespace
