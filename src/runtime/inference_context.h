@@ -27,9 +27,10 @@ using Pos = int32_t;
 enum class FlashAttn { Auto, On, Off };
 FlashAttn parse_flash_attn(const std::string& value);  // "auto" | "on" | "off"
 const char* flash_attn_name(FlashAttn value);
-// "auto" means off. A model without attention layers (recurrent) has nothing to flash:
-// always off for it. Both settings are exact for the prefix cache (stage/plan.h's rule,
-// measured by tests/runtime/chunking_test.cpp).
+// "auto" means off (on measures faster for dense models, but the e2e suite's cached-token
+// expectations follow the flash-attention-off rule; see README). A model without attention
+// layers (recurrent) has nothing to flash: always off for it. Both settings are exact for
+// the prefix cache (stage/plan.h's rule, measured by tests/runtime/chunking_test.cpp).
 FlashAttn resolve_flash_attn(FlashAttn value, ModelKind kind);
 
 struct ContextOptions {

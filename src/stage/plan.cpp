@@ -42,7 +42,10 @@ int32_t ExactRule::body_end(int32_t n, std::span<const int32_t> boundaries) cons
             anchor = b;
         }
     }
-    return anchor + body_min * ((n - 1 - anchor) / body_min);
+    if (anchor > 0 && n - anchor <= kMaxTail) {
+        return anchor;  // a short last message: restored at its start, prefilled row by row
+    }
+    return n - 1 >= body_min ? n - 1 : 0;
 }
 
 namespace {

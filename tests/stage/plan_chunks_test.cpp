@@ -65,15 +65,15 @@ TEST(PlanChunks, RestoresLeaveTheMinimumToPrefill) {
 
 TEST(PlanChunks, FlashAttentionBodyAndTail) {
     const auto fa = ExactRule::for_flash_attn(true);
-    // No boundary: whole 64-token steps that leave >= 1 token.
+    // No boundary (or a long last message): the last token alone is the tail.
     EXPECT_EQ(fa.body_end(1025, std::vector<int32_t>{}), 1024);
-    EXPECT_EQ(fa.body_end(1024, std::vector<int32_t>{}), 960);
-    EXPECT_EQ(fa.body_end(60, std::vector<int32_t>{}), 0);
-    // From the last message boundary (>= 64, before the end) on.
-    EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1030}), 1030);
-    EXPECT_EQ(fa.body_end(1200, std::vector<int32_t>{1030, 30}), 1030 + 128);
+    EXPECT_EQ(fa.body_end(1024, std::vector<int32_t>{}), 1023);
+    EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1030}), 1049);
+    EXPECT_EQ(fa.body_end(60, std::vector<int32_t>{}), 0);  // all tail
+    // A short last message (<= 16 tokens, after a boundary >= 64) is the tail.
+    EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1040}), 1040);
     EXPECT_EQ(fa.body_end(1200, std::vector<int32_t>{1199, 1200}), 1199);
-    EXPECT_EQ(fa.body_end(100, std::vector<int32_t>{50}), 64);  // a boundary < 64 is no anchor
+    EXPECT_EQ(fa.body_end(70, std::vector<int32_t>{60}), 69);  // a boundary < 64 is no anchor
     // Restores: the body end itself, or >= 64 before it.
     EXPECT_TRUE(fa.can_restore(1024, 1024, 1025));
     EXPECT_FALSE(fa.can_restore(1000, 1024, 1025));
