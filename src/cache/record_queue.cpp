@@ -1,7 +1,5 @@
 #include "cache/record_queue.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -85,13 +83,9 @@ bool RecordQueue::in_flight(PageId page) const {
 
 void RecordQueue::worker_loop() {
     // Recording must never slow down the requests that produced the state: on a machine
-    // with as many compute threads as cores, the worker runs only on otherwise idle CPU
-    // time (SCHED_IDLE; nice 10 still took ~10% of a core from the prefill, measured as
-    // +6% cold TTFT with the cache on vs off). Fallback: the lowest nice value.
-    sched_param param{};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
-        setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
-    }
+    // with as many compute threads as cores, the worker runs at a lower priority (Linux
+    // threads have their own nice value).
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
     std::unique_lock lock(mu_);
     for (;;) {
         work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
