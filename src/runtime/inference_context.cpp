@@ -49,7 +49,9 @@ FlashAttn resolve_flash_attn(FlashAttn value, ModelKind kind) {
     if (kind == ModelKind::Recurrent) {
         return FlashAttn::Off;
     }
-    return value == FlashAttn::On ? FlashAttn::On : FlashAttn::Off;
+    // auto = on, as in llama-server: the tiled kernel is faster, and the cache stays exact
+    // with it (body and tail, stage/plan.h).
+    return value == FlashAttn::Off ? FlashAttn::Off : FlashAttn::On;
 }
 
 struct InferenceContext::Threadpool {

@@ -96,6 +96,7 @@ Admission Scheduler::submit(GenerationRequest request, std::shared_ptr<Generatio
         info.tokens = std::span<const runtime::Token>(request.prompt);
         info.cache_namespace = request.cache_namespace;
         info.cache_enabled = request.cache_enabled;
+        info.message_boundaries = request.message_boundaries;  // (the body end: plan.h)
         try {
             stage_->prefetch(info);
         } catch (const std::exception& e) {
@@ -307,7 +308,8 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.prompt_done_pending = false;
     // A chunk is one llama.cpp ubatch: larger ones would be split inside llama_decode.
     const auto max_chunk = static_cast<int32_t>(context_->n_ubatch());
-    const auto rule = stage::ExactRule::for_flash_attn(context_->flash_attn());
+    const auto rule = stage::ExactRule::for_model(
+        context_->flash_attn(), context_->model().kind() != runtime::ModelKind::Dense);
     const auto n_prompt = static_cast<int32_t>(prompt.size());
     auto cold_plan = [&] {
         slot.plan = stage::Plan{};

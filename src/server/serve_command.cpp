@@ -136,7 +136,7 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
            [&c](const std::string& v) {
                c.scheduler.context.flash_attn = runtime::parse_flash_attn(v);
            },
-           "flash attention: auto | on | off (auto = off; on: exact cache with 64-token chunks)")
+           "flash attention: auto | on | off (auto = on, except for models without attention)")
         ->envname("SKIPPY_FLASH_ATTN")
         ->default_str("auto");
     app.add_option("--queue-depth", c.scheduler.max_queue_depth,

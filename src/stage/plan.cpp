@@ -37,15 +37,22 @@ int32_t ExactRule::body_end(int32_t n, std::span<const int32_t> boundaries) cons
         return std::max(n, 0);
     }
     int32_t anchor = 0;
+    bool messages = false;
     for (int32_t b : boundaries) {
+        messages = messages || (b > 0 && b < n);
         if (b >= body_min && b <= n - 1 && b > anchor) {
             anchor = b;
         }
     }
-    if (anchor > 0 && n - anchor <= kMaxTail) {
+    if (anchor > 0 && n - anchor <= max_tail) {
         return anchor;  // a short last message: restored at its start, prefilled row by row
     }
-    return n - 1 >= body_min ? n - 1 : 0;
+    if (messages) {
+        // A chat prompt with a long last message: all body. Its next turn restores a state
+        // at or after this prompt's end, so no single-token chunk is spent on the last token.
+        return n >= body_min ? n : 0;
+    }
+    return n - 1 >= body_min ? n - 1 : 0;  // a completion: the same prompt again is one token
 }
 
 namespace {

@@ -8,12 +8,14 @@
 // differently, so a prompt has two regimes: its *body* [0, B), prefilled in chunks of
 // >= 64 tokens (any split), and its *tail* [B, n) of < 64 tokens, prefilled in chunks of
 // >= 2 (any split) or as one chunk. B (body_end below) depends only on the prompt: the
-// last message boundary A when the last message is short (n - A <= 16: a warm request
-// restores A and prefills the message row by row), else n - 1 (the last token alone, like a
-// decode step); prompts under 65 tokens are all tail. The row-by-row kernel costs ~3x
-// the tiled one per row (bench model, 2 cores: 16 rows 15.6 ms vs 64 tiled rows 26 ms at
-// 1.5k cells, 29 vs 39 ms at 3k), so the tail is kept short. With flash attention off
-// B = n and there is no tail. So:
+// last message boundary A when the last message is short (n - A <= 16, or < 64 for models
+// with recurrent state: a warm request restores A and prefills the message row by row); else, for a
+// prompt with message boundaries (chat), n (all body: the next turn restores at or after n, and a
+// single-token chunk would cost a whole decode step per request); else (a completion) n - 1 (the
+// last token alone, like a decode step, so the same prompt again prefills one token). Prompts under
+// 64 tokens (65 for a completion) are all tail. The row-by-row kernel costs ~3x the tiled one per
+// row (bench model, 2 cores: 16 rows 15.6 ms vs 64 tiled rows 26 ms at 1.5k cells, 29 vs 39 ms at
+// 3k), so the tail is kept short. With flash attention off B = n and there is no tail. So:
 //   - a restore of r tokens computed in the body regime is exact for a prompt with body
 //     end B when r == B < n, or B - r >= the body minimum (2, or 64 with flash attention);
 //     a lane whose tail was computed for the same B also serves its tail (up to n - 2);
@@ -61,9 +63,20 @@ constexpr int32_t min_chunk_tokens(bool flash_attn) { return flash_attn ? 64 : 2
 // The exactness rule of one context (see the top of this file).
 struct ExactRule {
     int32_t body_min = 2;
-    static constexpr int32_t kMaxTail = 16;
+    // The longest last message prefilled as the tail (restored at its start).
+    int32_t max_tail = 16;
 
     static ExactRule for_flash_attn(bool flash_attn) { return {min_chunk_tokens(flash_attn)}; }
+    // A model with recurrent state restores only where a checkpoint is: every last message
+    // under 64 tokens is the tail (its attention layers are few, so rows are cheap), so a
+    // shared system prompt followed by a short question restores at the system prompt end.
+    static ExactRule for_model(bool flash_attn, bool recurrent_state) {
+        ExactRule rule = for_flash_attn(flash_attn);
+        if (recurrent_state && rule.has_tail()) {
+            rule.max_tail = rule.body_min - 1;
+        }
+        return rule;
+    }
     bool has_tail() const { return body_min > 2; }
     // B for a prompt of n tokens with these message boundaries (any order).
     int32_t body_end(int32_t n, std::span<const int32_t> boundaries) const;

@@ -15,6 +15,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// A hybrid/recurrent turn with no checkpoint to restart its end from is prefilled again
+// from the start when it is at most this long (a short first exchange).
+constexpr int32_t kTurnEndFromStart = 512;
+
 double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
@@ -60,7 +64,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     layout_.has_recurrent =
         model.kind() == runtime::ModelKind::Hybrid || model.kind() == runtime::ModelKind::Recurrent;
     match_ = layout_.has_recurrent ? cache::PrefixMatch::Stored : cache::PrefixMatch::Common;
-    rule_ = ExactRule::for_flash_attn(base_fields_.flash_attn);
+    rule_ = ExactRule::for_model(base_fields_.flash_attn, layout_.has_recurrent);
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
     // Captured states waiting in the record queue count against --cache-max-bytes: they get
     // an eighth of it, the stored entries the rest.
@@ -108,15 +112,23 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
     if (!disk_ || !lookups_enabled(prompt)) {
         return;
     }
-    const int32_t limit =
-        rule_.restore_limit(body_end(prompt), static_cast<int32_t>(prompt.tokens.size()));
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t b = body_end(prompt);
+    const int32_t limit = rule_.restore_limit(b, n);
     if (limit < static_cast<int32_t>(policy_.min_tokens)) {
         return;
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
-    const auto query = prompt.tokens.first(static_cast<size_t>(limit));
-    const auto ram = exact_->peek_longest(ns, query, match_);
-    const auto on_disk = disk_->peek_longest(ns, query, match_);
+    auto query = prompt.tokens.first(static_cast<size_t>(limit));
+    auto ram = exact_->peek_longest(ns, query, match_);
+    auto on_disk = disk_->peek_longest(ns, query, match_);
+    if (on_disk && match_ == cache::PrefixMatch::Stored &&
+        !rule_.can_restore(static_cast<int32_t>(on_disk->len), b, n)) {
+        // Too close to the body end to restore (restore() then looks a body chunk earlier).
+        query = prompt.tokens.first(static_cast<size_t>(std::max(0, b - rule_.body_min)));
+        ram = exact_->peek_longest(ns, query, match_);
+        on_disk = disk_->peek_longest(ns, query, match_);
+    }
     if (!on_disk || (ram && ram->len >= on_disk->len)) {
         return;
     }
@@ -254,10 +266,14 @@ std::vector<int32_t> PrefixCacheStage::record_positions(const PromptInfo& prompt
                                                         int32_t n_restored,
                                                         bool turn_end_follows) const {
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    const int32_t limit = rule_.restore_limit(body_end(prompt), n);  // only the body
+    // Every state in the body is exact for a later prompt that goes on past it (the restore
+    // checks what that prompt's rule allows); the prompt end itself is recorded where this
+    // same prompt could restore it.
+    const int32_t body = body_end(prompt);
+    const int32_t limit = rule_.restore_limit(body, n);
     std::vector<int32_t> bounds;
     for (int32_t b : prompt.message_boundaries) {
-        if (b > n_restored && b <= limit && b >= static_cast<int32_t>(policy_.min_tokens)) {
+        if (b > n_restored && b <= body && b >= static_cast<int32_t>(policy_.min_tokens)) {
             bounds.push_back(b);
         }
     }
@@ -334,11 +350,20 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     const int32_t tail = n - std::max(restored, b);  // 1: a decode step; 64: tiled
     state.tail_exact = tail != 1 && tail < rule_.body_min;
     std::vector<int32_t> pauses;
+    state.turn_start = -1;
     if (layout_.has_recurrent && records_enabled(prompt)) {
         // The recurrent state is only ever available where the prefill pauses.
         pauses = record_positions(prompt, restored, prompt.turn_end_follows);
         if (b < n && b > restored) {
             pauses.push_back(b);  // where the end of the turn restarts (begin_turn_end)
+            // A short reply leaves less than a body chunk after b: the end of the turn then
+            // restarts one body chunk before it.
+            const int32_t before = b - rule_.body_min;
+            if (prompt.turn_end_follows && before - restored >= rule_.body_min) {
+                pauses.push_back(before);
+                state.turn_start = before;
+            }
+            std::sort(pauses.begin(), pauses.end());
         }
     }
     plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk, rule_.body_min, b);
@@ -551,7 +576,12 @@ Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId l
             }
         }
         if (start == nullptr || start->n_tokens < static_cast<int32_t>(policy_.min_tokens)) {
-            return -1;
+            if (end > kTurnEndFromStart) {
+                return -1;
+            }
+            // A short conversation: its whole turn is prefilled again.
+            context.seq_clear(lane);
+            return 0;
         }
         from = start->n_tokens;
         const auto scope =
@@ -603,7 +633,7 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
             }
         }
         for (const auto& c : state.checkpoints) {
-            if (c.n_tokens <= state.body_end) {
+            if (c.n_tokens <= state.body_end && c.n_tokens != state.turn_start) {
                 positions.push_back(c.n_tokens);  // (tail checkpoints stay in the lane)
             }
         }

@@ -111,7 +111,9 @@ class PrefixCacheStage final : public StageBackend {
         // Taken during the last request on this lane, kept while the lane keeps its state:
         // a next request that shares the prefix imports only one of these.
         std::vector<Checkpoint> checkpoints;
-        int32_t n_restored = 0;        // of the current request
+        int32_t n_restored = 0;  // of the current request
+        // A checkpoint only for the end of this turn (not recorded): -1 if none.
+        int32_t turn_start = -1;
         std::vector<int32_t> pending;  // positions to record, export deferred
         uint64_t last_used = 0;
     };

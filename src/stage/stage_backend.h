@@ -103,7 +103,8 @@ class NoCacheStage final : public StageBackend {
         context.seq_clear(lane);
         Plan p;
         p.decision = CacheDecision::Off;
-        const auto rule = ExactRule::for_flash_attn(context.flash_attn());
+        const auto rule = ExactRule::for_model(context.flash_attn(),
+                                               context.model().kind() != runtime::ModelKind::Dense);
         const auto n = static_cast<int32_t>(prompt.tokens.size());
         p.chunk_ends = plan_chunks(0, n, {}, max_chunk, rule.body_min,
                                    rule.body_end(n, prompt.message_boundaries));

@@ -15,6 +15,11 @@ MODELS_DIR = os.environ.get("SKIPPY_TEST_MODELS", "")
 # One compute thread per server: ctest runs tests in parallel on a small machine, and
 # ggml's spinning thread barriers slow down badly when cores are oversubscribed.
 THREADS = os.environ.get("SKIPPY_TEST_THREADS", "1")
+# With flash attention (skippy's default for models with attention) a restore leaves at
+# least one 64-token body chunk to prefill, and a short last message is prefilled row by
+# row: a follow-up that comes back before the end of the previous turn ran restores up to
+# this many tokens before the previous prompt's end (README, Exactness).
+FLASH_RESTORE_SLACK = 128
 
 # Small generated models shared by the end-to-end tests (made once by the ctest fixture).
 MODEL_SPECS = {

@@ -188,9 +188,10 @@ class ToolCallTest(unittest.TestCase):
                           "content": "sunny, 21 C"}]
         resp = self.post(tool_chat(messages=history, tool_choice="none", max_tokens=8))
         self.assertGreater(resp["usage"]["prompt_tokens"], first["usage"]["prompt_tokens"])
-        # The previous turn's end was recorded: the follow-up restores it.
+        # The previous turn was recorded: the follow-up restores it (with flash attention,
+        # up to a body chunk and a tail before its end).
         self.assertGreaterEqual(resp["usage"]["prompt_tokens_details"]["cached_tokens"],
-                                first["usage"]["prompt_tokens"])
+                                first["usage"]["prompt_tokens"] - h.FLASH_RESTORE_SLACK)
 
     def test_response_format_json_schema(self):
         schema = {"type": "object", "properties": {

@@ -65,15 +65,20 @@ TEST(PlanChunks, RestoresLeaveTheMinimumToPrefill) {
 
 TEST(PlanChunks, FlashAttentionBodyAndTail) {
     const auto fa = ExactRule::for_flash_attn(true);
-    // No boundary (or a long last message): the last token alone is the tail.
+    // No boundary (a completion): the last token alone is the tail.
     EXPECT_EQ(fa.body_end(1025, std::vector<int32_t>{}), 1024);
     EXPECT_EQ(fa.body_end(1024, std::vector<int32_t>{}), 1023);
-    EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1030}), 1049);
     EXPECT_EQ(fa.body_end(60, std::vector<int32_t>{}), 0);  // all tail
+    EXPECT_EQ(fa.body_end(64, std::vector<int32_t>{}), 0);
+    // Messages with a long last message: no tail.
+    EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1030}), 1050);
+    EXPECT_EQ(fa.body_end(64, std::vector<int32_t>{20}), 64);
+    EXPECT_EQ(fa.body_end(63, std::vector<int32_t>{20}), 0);
+    EXPECT_EQ(fa.body_end(100, std::vector<int32_t>{0, 100}), 99);  // no boundary inside
     // A short last message (<= 16 tokens, after a boundary >= 64) is the tail.
     EXPECT_EQ(fa.body_end(1050, std::vector<int32_t>{500, 1040}), 1040);
     EXPECT_EQ(fa.body_end(1200, std::vector<int32_t>{1199, 1200}), 1199);
-    EXPECT_EQ(fa.body_end(70, std::vector<int32_t>{60}), 69);  // a boundary < 64 is no anchor
+    EXPECT_EQ(fa.body_end(70, std::vector<int32_t>{60}), 70);  // a boundary < 64 is no anchor
     // Restores: the body end itself, or >= 64 before it.
     EXPECT_TRUE(fa.can_restore(1024, 1024, 1025));
     EXPECT_FALSE(fa.can_restore(1000, 1024, 1025));
@@ -106,7 +111,7 @@ TEST(PlanChunks, RandomBodyAndTailPlansKeepTheRule) {
         }
         const int32_t b = fa.body_end(n, bounds);
         ASSERT_GE(b, 0);
-        ASSERT_LT(b, n);
+        ASSERT_LE(b, n);
         ASSERT_LE(n - b, 64) << "a tail of <= 64 tokens";
         const int32_t available = std::uniform_int_distribution<int32_t>(0, n)(rng);
         const int32_t r = fa.best_restore(available, b, n);

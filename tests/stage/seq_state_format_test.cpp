@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "cache/block_store.h"
+#include "runtime/factory/model_factory.h"
 #include "runtime/inference_context.h"
 #include "runtime/model.h"
-#include "runtime/factory/model_factory.h"
 #include "runtime/sampler.h"
 #include "stage/state_payload.h"
 #include "test_models.h"
@@ -301,6 +301,7 @@ TEST(DenseKvPagesTest, FullStateAttentionRoundTripAndRestore) {
     options.n_ctx = 512;
     options.n_seq_max = 3;
     options.n_threads = 1;
+    options.flash_attn = runtime::FlashAttn::Off;  // (the V cache transposed, as checked below)
     InferenceContext ctx(*model, options);
     const auto tokens = prompt_tokens(*model, 100);
     const size_t n = 99;
