@@ -33,13 +33,30 @@ export async function startServer(model, extraArgs = []) {
     proc.on("exit", (code) => reject(new Error(`server exited ${code}:\n${log}`)));
   });
   proc.stderr.resume();
+  const base = `http://127.0.0.1:${port}`;
   return {
     port,
-    base: `http://127.0.0.1:${port}`,
+    base,
+    // Resolves once no lane is busy and no end-of-turn work is pending: a client that
+    // sends its next turn while the previous turn's end still runs gets a shorter hit (the
+    // waiting request goes first; see README "Exact prefix cache").
+    idle: (apiKey) => waitIdle(base, apiKey),
     stop: () => new Promise((resolve) => {
       if (proc.exitCode !== null) return resolve();
       proc.on("exit", () => resolve());
       proc.kill("SIGTERM");
     }),
   };
+}
+
+async function waitIdle(base, apiKey, timeoutMs = 30000) {
+  const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const text = await (await fetch(`${base}/metrics`, { headers })).text();
+    const value = (name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, "m"))?.[1] ?? 0);
+    if (value("skippy_turn_ends_deferred") === 0 && value("skippy_lanes_busy") === 0) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error("server did not go idle");
 }

@@ -75,6 +75,7 @@ test("tool use, non-streamed and streamed alike, then a tool_result turn", async
   assert.ok(events.includes("content_block_delta"));
   assert.equal(events.at(-1), "message_stop");
 
+  await server.idle("sk-ant-test");
   const next = await client.messages.create({
     model: "claude-sonnet-4-5", max_tokens: 8, temperature: 0, tools,
     messages: [...ask, { role: "assistant", content: msg.content },
