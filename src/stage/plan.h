@@ -20,7 +20,9 @@
 //     end B when r == B < n, or B - r >= the body minimum (2, or 64 with flash attention);
 //     a lane whose tail was computed for the same B also serves its tail (up to n - 2);
 //   - state is recorded only in the body (generated tokens are prefilled again at the end
-//     of the turn, in body chunks, before their state is cached);
+//     of the turn, in body chunks, before their state is cached); a model with recurrent
+//     state also keeps one at least a body chunk before B, for a continuation that adds
+//     less than a body chunk (and to restart a turn end from);
 //   - a single-token chunk (a decode step) rounds differently from all of these.
 #pragma once
 

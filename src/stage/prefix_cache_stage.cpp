@@ -351,22 +351,49 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     state.tail_exact = tail != 1 && tail < rule_.body_min;
     std::vector<int32_t> pauses;
     state.turn_start = -1;
-    if (layout_.has_recurrent && records_enabled(prompt)) {
+    const bool checkpoints = layout_.has_recurrent && records_enabled(prompt);
+    std::vector<int32_t> recorded;  // (sorted)
+    if (checkpoints) {
         // The recurrent state is only ever available where the prefill pauses.
-        pauses = record_positions(prompt, restored, prompt.turn_end_follows);
+        recorded = record_positions(prompt, restored, prompt.turn_end_follows);
+        pauses = recorded;
         if (b < n && b > restored) {
             pauses.push_back(b);  // where the end of the turn restarts (begin_turn_end)
-            // A short reply leaves less than a body chunk after b: the end of the turn then
-            // restarts one body chunk before it.
-            const int32_t before = b - rule_.body_min;
-            if (prompt.turn_end_follows && before - restored >= rule_.body_min) {
-                pauses.push_back(before);
-                state.turn_start = before;
-            }
-            std::sort(pauses.begin(), pauses.end());
         }
+        std::sort(pauses.begin(), pauses.end());
     }
     plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk, rule_.body_min, b);
+    if (checkpoints && b < n && b > restored) {
+        // A state at least one body chunk before b. With a turn end to follow, that turn end
+        // restarts there when the reply is short (a lane-only checkpoint). Without one (a
+        // completion) it is stored: a request that extends this prompt by less than a body
+        // chunk cannot restore b (the rest would be too short for the body's chunks), but
+        // it can restore here. The last chunk end that far back serves; else one more pause.
+        const int32_t limit = b - rule_.body_min;
+        const auto last_before = [&] {
+            int32_t at = -1;
+            for (int32_t e : plan.chunk_ends) {
+                at = e > restored && e <= limit ? e : at;
+            }
+            return at;
+        };
+        int32_t before = last_before();
+        if (before < 0 && limit - restored >= rule_.body_min) {
+            pauses.push_back(limit);
+            std::sort(pauses.begin(), pauses.end());
+            plan.chunk_ends = plan_chunks(restored, n, pauses, max_chunk, rule_.body_min, b);
+            before = last_before();
+        }
+        if (before > 0) {
+            if (prompt.turn_end_follows &&
+                !std::binary_search(recorded.begin(), recorded.end(), before)) {
+                state.turn_start = before;  // (a record position stays a stored one)
+            }
+            if (!std::binary_search(pauses.begin(), pauses.end(), before)) {
+                pauses.insert(std::upper_bound(pauses.begin(), pauses.end(), before), before);
+            }
+        }
+    }
     for (int32_t p : pauses) {
         if (p < n && std::binary_search(plan.chunk_ends.begin(), plan.chunk_ends.end(), p)) {
             plan.checkpoints.push_back(p);

@@ -146,15 +146,26 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
     int32_t recorded(size_t prefix) const {
         return rule_.restore_limit(body_end(prefix), static_cast<int32_t>(prefix));
     }
+    // The second state a cached completion with a tail recorded: one body chunk before its
+    // body end (0: none).
+    int32_t before_body_end(size_t prefix) const {
+        const int32_t b = body_end(prefix);
+        const bool tail = rule_.has_tail() && b < static_cast<int32_t>(prefix);
+        return tail && b - rule_.body_min >= rule_.body_min ? b - rule_.body_min : 0;
+    }
     // Whether a prompt of `n` tokens that extends a cached `prefix`-token prompt must
     // restore something of it.
     bool can_hit(size_t prefix, size_t n) const {
         const auto len = static_cast<int32_t>(n);
         const auto min_tokens = static_cast<int32_t>(cache_config().min_tokens);
         if (arch_ != "llama") {
-            // Recurrent state exists only where it was recorded.
-            return recorded(prefix) >= min_tokens &&
-                   rule_.can_restore(recorded(prefix), body_end(n), len);
+            // Recurrent state exists only where it was recorded: the body end, and with a
+            // tail also one body chunk before it (a completion extended by a few tokens).
+            const auto ok = [&](int32_t r) {
+                return r >= min_tokens && rule_.can_restore(r, body_end(n), len);
+            };
+            return ok(recorded(prefix)) || (before_body_end(prefix) > 0 &&
+                                            ok(before_body_end(prefix)));
         }
         return rule_.best_restore(recorded(prefix), body_end(n), len) >= min_tokens;
     }
@@ -228,6 +239,35 @@ TEST_P(ExactLogitsTest, StoredEntryServesASharedPrefix) {
             EXPECT_EQ(r.stats.cached_tokens,
                       rule_.best_restore(std::min(static_cast<int32_t>(common), recorded(260)),
                                          body_end(prompt.size()), n));
+        }
+    }
+}
+
+TEST_P(ExactLogitsTest, ACompletionExtendedByAFewTokensRestoresFromTheStore) {
+    // The next request of a completion client appends fewer tokens than a body chunk: it
+    // restores the body end of the cached prompt, or with flash attention one body chunk
+    // before it (a rest shorter than that would need other kernels than the cold prefill).
+    std::mt19937 rng(53);
+    for (size_t len : {200u, 333u}) {
+        SCOPED_TRACE("prefix " + std::to_string(len));
+        const auto prefix = random_tokens(rng, len);
+        check(prefix, "cold");
+        stage_->debug_forget_lanes();
+        auto prompt = prefix;
+        const auto extra = random_tokens(rng, 29);
+        prompt.insert(prompt.end(), extra.begin(), extra.end());
+        const Result r = check(prompt, "extended by 29 tokens");
+        const auto n = static_cast<int32_t>(prompt.size());
+        const int32_t b = body_end(prompt.size());
+        if (rule_.can_restore(recorded(len), b, n)) {
+            EXPECT_EQ(r.stats.cached_tokens, recorded(len));  // (no flash attention)
+        } else if (arch_ == "llama") {
+            EXPECT_EQ(r.stats.cached_tokens, rule_.best_restore(recorded(len), b, n));
+        } else {
+            // The last prefill chunk end at least a body chunk before the body end.
+            EXPECT_GT(r.stats.cached_tokens, 0);
+            EXPECT_LE(r.stats.cached_tokens, before_body_end(len));
+            EXPECT_GT(r.stats.cached_tokens, before_body_end(len) - options(true).context.n_batch);
         }
     }
 }
