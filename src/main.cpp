@@ -26,7 +26,9 @@ void add_make_model_options(CLI::App& cmd, skippy::runtime::ModelSpec& spec, std
     cmd.add_option("--ctx", spec.n_ctx_train, "training context length")->capture_default_str();
     cmd.add_option("--seed", spec.seed, "weight seed")->capture_default_str();
     cmd.add_flag("--f16", spec.f16, "store weight matrices as f16 (default f32)");
-    cmd.add_option("--vocab", spec.vocab, "tokenizer: llama.cpp models/ggml-vocab-<NAME>.gguf")
+    cmd.add_option("--vocab", spec.vocab,
+                   "tokenizer: llama.cpp models/ggml-vocab-<NAME>.gguf, or qwen3 / "
+                   "llama-spm-chatml (qwen2 / llama-spm with their chat control tokens)")
         ->capture_default_str();
     cmd.add_option_function<std::string>(
         "--chat-template",

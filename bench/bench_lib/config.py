@@ -1,26 +1,29 @@
 """What the benchmark runs: model shapes and workload sizes per profile (full, quick,
 realistic). Pure data; change sizes here, not in the workload code."""
 
-# Random-weight models written by `skippy make-model` (real 32k llama-spm tokenizer, ChatML
-# template). Full-size models are ~50-60M parameters, half of them in the 32k-vocabulary
-# embedding and output matrices, so that on 2 CPU cores prefill and decode compute dominate
-# HTTP/JSON overhead by orders of magnitude.
+# Random-weight models written by `skippy make-model` (real 32k llama-spm tokenizer with
+# ChatML's <|im_end|> / <|im_start|> appended as control tokens, as ChatML fine-tunes of
+# 32k-SPM models have them, and a ChatML template: message markers are special tokens, as
+# in every real ChatML model). Full-size models are ~50-60M parameters, half of them in the
+# 32k-vocabulary embedding and output matrices, so that on 2 CPU cores prefill and decode
+# compute dominate HTTP/JSON overhead by orders of magnitude.
+VOCAB = ["--vocab", "llama-spm-chatml"]
 MODELS = {
     "full": {
         "llama": ["--arch", "llama", "--layers", "6", "--embd", "512", "--heads", "8",
-                  "--heads-kv", "4", "--ffn", "1536", "--ctx", "16384", "--seed", "7"],
+                  "--heads-kv", "4", "--ffn", "1536", "--ctx", "16384", "--seed", "7"] + VOCAB,
         "qwen35": ["--arch", "qwen35", "--layers", "8", "--embd", "512", "--heads", "8",
-                   "--heads-kv", "2", "--ffn", "1536", "--ctx", "16384", "--seed", "7"],
+                   "--heads-kv", "2", "--ffn", "1536", "--ctx", "16384", "--seed", "7"] + VOCAB,
         "mamba2": ["--arch", "mamba2", "--layers", "12", "--embd", "512",
-                   "--ctx", "16384", "--seed", "7"],
+                   "--ctx", "16384", "--seed", "7"] + VOCAB,
     },
     "quick": {
         "llama": ["--arch", "llama", "--layers", "2", "--embd", "128", "--heads", "4",
-                  "--heads-kv", "4", "--ffn", "256", "--ctx", "2048", "--seed", "7"],
+                  "--heads-kv", "4", "--ffn", "256", "--ctx", "2048", "--seed", "7"] + VOCAB,
         "qwen35": ["--arch", "qwen35", "--layers", "4", "--embd", "128", "--heads", "4",
-                   "--heads-kv", "4", "--ffn", "256", "--ctx", "2048", "--seed", "7"],
+                   "--heads-kv", "4", "--ffn", "256", "--ctx", "2048", "--seed", "7"] + VOCAB,
         "mamba2": ["--arch", "mamba2", "--layers", "2", "--embd", "128",
-                   "--ctx", "2048", "--seed", "7"],
+                   "--ctx", "2048", "--seed", "7"] + VOCAB,
     },
     # Shapes of real small models (random weights, f16 matrices: make-model writes f32 or
     # f16 only, no quantized types). Only with --profile realistic, never in the default run.
@@ -28,13 +31,13 @@ MODELS = {
         # Llama-3.2-1B-like dense: 16 layers, embd 2048, 32 heads / 8 KV, ffn 8192.
         "llama": ["--arch", "llama", "--layers", "16", "--embd", "2048", "--heads", "32",
                   "--heads-kv", "8", "--ffn", "8192", "--ctx", "16384", "--f16",
-                  "--seed", "7"],
+                  "--seed", "7"] + VOCAB,
         # Qwen3.5-0.8B-like hybrid: 24 layers (make-model's qwen35 puts full attention on
         # every 4th), embd 1024, ffn 3584, 16 heads / 4 KV (its 4:1 grouping; make-model
         # derives the head size from embd / heads).
         "qwen35": ["--arch", "qwen35", "--layers", "24", "--embd", "1024", "--heads", "16",
                    "--heads-kv", "4", "--ffn", "3584", "--ctx", "16384", "--f16",
-                   "--seed", "7"],
+                   "--seed", "7"] + VOCAB,
     },
 }
 

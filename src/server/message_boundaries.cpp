@@ -42,47 +42,51 @@ void hash_length(cache::Sha256& h, size_t n) {
     h.update(bytes, sizeof bytes);
 }
 
-// Token counts of a prompt's text offsets, from the token piece table.
+// Token counts of a prompt's text offsets, from the token piece table. The tokens' pieces,
+// concatenated, are the text, except for what the tokenizer adds: a special token at the
+// front that the text does not render (an added BOS), and a space before a text fragment
+// that follows a special token or starts the prompt (SentencePiece's space prefix).
 class TokenTextMap {
   public:
     TokenTextMap(const MessageBoundaryFinder& finder, const std::vector<runtime::Token>& tokens,
                  const std::string& text) {
-        ends_.reserve(tokens.size() + 1);
-        ends_.push_back(0);
-        size_t total = 0;
-        for (runtime::Token token : tokens) {
-            total += finder.piece(token).size();
-            ends_.push_back(total);
-        }
-        // Tokens may render more than the text at the front (BOS, a leading space): the
-        // concatenated pieces must end with the text.
-        if (total < text.size()) {
-            return;
-        }
-        lead_ = total - text.size();
+        // Twice each token's end offset, plus one for an added space that covers no text
+        // (it belongs to the text after it).
+        ends2_.reserve(tokens.size() + 1);
+        ends2_.push_back(0);
+        size_t at = 0;
+        bool after_special = true;
         for (size_t i = 0; i < tokens.size(); ++i) {
-            if (ends_[i + 1] <= lead_) {
-                continue;
-            }
             const std::string_view piece = finder.piece(tokens[i]);
-            const size_t skip = ends_[i] < lead_ ? lead_ - ends_[i] : 0;
-            const size_t at = ends_[i] + skip - lead_;
-            if (text.compare(at, piece.size() - skip, piece.substr(skip)) != 0) {
+            const bool special = finder.is_special(tokens[i]);
+            size_t width = 0;
+            bool added = false;
+            if (text.compare(at, piece.size(), piece) == 0) {
+                width = piece.size();
+            } else if (i == 0 && special) {
+                width = 0;
+            } else if (after_special && piece.starts_with(' ') &&
+                       text.compare(at, piece.size() - 1, piece.substr(1)) == 0) {
+                width = piece.size() - 1;
+                added = true;
+            } else {
                 return;
             }
+            at += width;
+            ends2_.push_back(2 * at + (added && width == 0 ? 1 : 0));
+            after_special = special;
         }
-        valid_ = true;
+        valid_ = at == text.size();
     }
     bool valid() const { return valid_; }
     // Number of tokens that end at or before byte `offset` of the text.
     size_t tokens_before(size_t offset) const {
-        const auto it = std::upper_bound(ends_.begin(), ends_.end(), offset + lead_);
-        return static_cast<size_t>(it - ends_.begin()) - 1;
+        const auto it = std::upper_bound(ends2_.begin(), ends2_.end(), 2 * offset);
+        return static_cast<size_t>(it - ends2_.begin()) - 1;
     }
 
   private:
-    std::vector<size_t> ends_;
-    size_t lead_ = 0;
+    std::vector<size_t> ends2_;
     bool valid_ = false;
 };
 
@@ -201,8 +205,13 @@ MessageBoundaryFinder::MessageBoundaryFinder(const runtime::Model& model,
         const std::string piece = model_.token_to_piece(t, true);
         max_piece_bytes_ = std::max(max_piece_bytes_, piece.size());
         pieces_ += piece;
+        special_.push_back(model_.is_special_token(t));
     }
     piece_begin_.push_back(static_cast<uint32_t>(pieces_.size()));
+}
+
+bool MessageBoundaryFinder::is_special(runtime::Token t) const {
+    return t >= 0 && static_cast<size_t>(t) < special_.size() && special_[static_cast<size_t>(t)];
 }
 
 std::string_view MessageBoundaryFinder::piece(runtime::Token t) const {

@@ -99,6 +99,7 @@ class MessageBoundaryFinder {
 
     // The text of token t (special tokens rendered), from a table built once.
     std::string_view piece(runtime::Token t) const;
+    bool is_special(runtime::Token t) const;  // (from the same table)
     size_t max_piece_bytes() const { return max_piece_bytes_; }
     Stats stats() const;
 
@@ -132,6 +133,7 @@ class MessageBoundaryFinder {
     uint64_t base2_;
     std::string pieces_;                 // all token pieces, concatenated
     std::vector<uint32_t> piece_begin_;  // n_vocab + 1 offsets into pieces_
+    std::vector<bool> special_;          // per token: control / user-defined
     size_t max_piece_bytes_ = 1;
 
     mutable std::mutex memo_mutex_;

@@ -228,6 +228,41 @@ TEST(MessageBoundaries, SameAsRenderingEveryHeadWithTheModelTemplate) {
     }
 }
 
+TEST(MessageBoundaries, SentencePieceSpacePrefixAfterControlTokens) {
+    // llama-spm with ChatML's control tokens: the tokenizer adds a space before every text
+    // fragment after <|im_start|> / <|im_end|>, which the rendered text does not have. The
+    // finder maps such prompts through its piece table (the reference, which cannot, renders
+    // and tokenizes every head); the warm pass must take the memo, not render again.
+    const auto dir = std::filesystem::temp_directory_path() / "skippy-server-boundaries";
+    std::filesystem::create_directories(dir);
+    const auto path = dir / "tiny-llama-spm-chatml.gguf";
+    if (!std::filesystem::exists(path)) {
+        runtime::ModelSpec spec;
+        spec.n_layer = 1;
+        spec.n_embd = 64;
+        spec.n_head = 2;
+        spec.n_head_kv = 2;
+        spec.n_ff = 64;
+        spec.vocab = "llama-spm-chatml";
+        const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
+        runtime::make_random_model(spec, tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    const auto model = runtime::Model::load(path.string());
+    ASSERT_EQ(model->n_vocab(), 32002);
+    ASSERT_TRUE(model->is_special_token(32001));  // <|im_start|>
+    runtime::ChatTemplate tmpl(*model);
+    MessageBoundaryFinder finder(*model, tmpl, kBudget, 1024);
+    for (const auto& messages : conversations()) {
+        const auto before = finder.stats();
+        const int n = expect_same(*model, tmpl, finder, messages, "llama-spm-chatml");
+        if (n > 0) {
+            const auto after = finder.stats();
+            EXPECT_GT(after.memo_hits, before.memo_hits) << "the warm pass rendered again";
+        }
+    }
+}
+
 TEST(MessageBoundaries, SameAsRenderingEveryHeadWithEveryShippedTemplate) {
     const auto& model = tiny_llama();
     std::vector<std::filesystem::path> templates;

@@ -254,7 +254,7 @@ bool is_tokenizer_key(std::string_view key) { return key.starts_with("tokenizer.
 // added tokens (<tool_call>, <think>, ...): "qwen3" restores them at their real ids, so the
 // Qwen2.5 and Qwen3 chat templates (tool calls, thinking) tokenize as with the real model.
 struct AddedToken {
-    int32_t id;
+    int32_t id;  // a placeholder's id, or kAppend: a new token after the base vocabulary
     const char* text;
     bool control;  // special=true in the tokenizer's added_tokens (CONTROL), else USER_DEFINED
 };
@@ -263,8 +263,16 @@ struct VocabVariant {
     const char* base;
     std::vector<AddedToken> added;
 };
+constexpr int32_t kAppend = -1;
 const std::vector<VocabVariant>& vocab_variants() {
     static const std::vector<VocabVariant> variants = {
+        // The Llama 2 SentencePiece vocabulary with ChatML's two control tokens appended at
+        // 32000 / 32001, as ChatML fine-tunes of 32k-SPM models have them (OpenHermes-2.5-
+        // Mistral): a ChatML template then renders its message markers as special tokens,
+        // where the tokenizer splits the text, as with every real ChatML model.
+        {"llama-spm-chatml",
+         "llama-spm",
+         {{kAppend, "<|im_end|>", true}, {kAppend, "<|im_start|>", true}}},
         {"qwen3",
          "qwen2",
          {{151646, "<|object_ref_start|>", true},
@@ -303,8 +311,9 @@ const VocabVariant* find_vocab_variant(const std::string& name) {
     return nullptr;
 }
 
-// Renames the variant's placeholder tokens in the copied tokenizer keys of `dst`.
-void apply_vocab_variant(gguf_context* dst, const VocabVariant& variant) {
+// Renames the variant's placeholder tokens in the copied tokenizer keys of `dst` and appends
+// its new ones; returns the token count.
+uint32_t apply_vocab_variant(gguf_context* dst, const VocabVariant& variant) {
     const int64_t tokens_id = gguf_find_key(dst, "tokenizer.ggml.tokens");
     const int64_t types_id = gguf_find_key(dst, "tokenizer.ggml.token_type");
     if (tokens_id < 0 || types_id < 0 || gguf_get_arr_type(dst, types_id) != GGUF_TYPE_INT32) {
@@ -319,7 +328,23 @@ void apply_vocab_variant(gguf_context* dst, const VocabVariant& variant) {
     std::vector<int32_t> types(types_data, types_data + gguf_get_arr_n(dst, types_id));
     constexpr int32_t kControl = 3;      // LLAMA_TOKEN_TYPE_CONTROL
     constexpr int32_t kUserDefined = 4;  // LLAMA_TOKEN_TYPE_USER_DEFINED
+    const int64_t scores_id = gguf_find_key(dst, "tokenizer.ggml.scores");
+    std::vector<float> scores;
+    if (scores_id >= 0 && gguf_get_arr_type(dst, scores_id) == GGUF_TYPE_FLOAT32) {
+        const auto* data = static_cast<const float*>(gguf_get_arr_data(dst, scores_id));
+        scores.assign(data, data + gguf_get_arr_n(dst, scores_id));
+    }
+    size_t n_appended = 0;
     for (const auto& token : variant.added) {
+        if (token.id == kAppend) {
+            texts.emplace_back(token.text);
+            types.push_back(token.control ? kControl : kUserDefined);
+            if (!scores.empty()) {
+                scores.push_back(0.0f);  // (added tokens are matched whole, never merged)
+            }
+            ++n_appended;
+            continue;
+        }
         const auto i = static_cast<size_t>(token.id);
         if (i >= n || i >= types.size() || !texts[i].starts_with("[PAD")) {
             fail(std::string("vocab '") + variant.base + "' has no placeholder at id " +
@@ -328,13 +353,18 @@ void apply_vocab_variant(gguf_context* dst, const VocabVariant& variant) {
         texts[i] = token.text;
         types[i] = token.control ? kControl : kUserDefined;
     }
-    std::vector<const char*> items(n);
-    for (size_t i = 0; i < n; ++i) {
+    std::vector<const char*> items(texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
         items[i] = texts[i].c_str();
     }
-    gguf_set_arr_str(dst, "tokenizer.ggml.tokens", items.data(), n);
+    gguf_set_arr_str(dst, "tokenizer.ggml.tokens", items.data(), items.size());
     gguf_set_arr_data(dst, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(),
                       types.size());
+    if (n_appended > 0 && !scores.empty()) {
+        gguf_set_arr_data(dst, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(),
+                          scores.size());
+    }
+    return static_cast<uint32_t>(texts.size());
 }
 
 // Copies every tokenizer.* key of the vocab file into `dst`; returns the token count.
@@ -590,9 +620,9 @@ void make_random_model(const ModelSpec& spec_in, const std::string& out_path) {
     // 1. Metadata: hyperparameters + the real tokenizer.
     GgufPtr vocab = open_gguf(vocab_path, nullptr);
     GgufPtr meta(gguf_init_empty());
-    const uint32_t n_vocab = copy_tokenizer(meta.get(), vocab.get(), vocab_path);
+    uint32_t n_vocab = copy_tokenizer(meta.get(), vocab.get(), vocab_path);
     if (const VocabVariant* variant = find_vocab_variant(spec.vocab)) {
-        apply_vocab_variant(meta.get(), *variant);
+        n_vocab = apply_vocab_variant(meta.get(), *variant);
     }
     write_hparams(spec, n_vocab, meta.get());
 

@@ -82,7 +82,9 @@ void make_random_model(const ModelSpec& spec, const std::string& out_path);
 // SKIPPY_LLAMA_VOCAB_DIR "/ggml-vocab-<vocab_name>.gguf"; throws std::runtime_error when
 // the file does not exist. The variant "qwen3" is ggml-vocab-qwen2.gguf with the added
 // tokens of the Qwen2.5/Qwen3 tokenizers (<tool_call>, </tool_call>, <think>, ...) restored
-// at their real ids in place of its [PAD] placeholders.
+// at their real ids in place of its [PAD] placeholders; "llama-spm-chatml" is
+// ggml-vocab-llama-spm.gguf with ChatML's <|im_end|> and <|im_start|> appended as control
+// tokens (ids 32000 and 32001).
 std::string vocab_gguf_path(const std::string& vocab_name);
 
 // The Jinja text of a chat template: `name_or_path` is a file path (when it names an existing
