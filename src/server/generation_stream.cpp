@@ -24,12 +24,10 @@ void GenerationStream::push_delta(std::string text, std::vector<runtime::Token> 
     push(std::move(event));
 }
 
-void GenerationStream::finish(const GenerationStats& stats,
-                              std::function<void()> prepare_turn_end) {
+void GenerationStream::finish(const GenerationStats& stats) {
     StreamEvent event;
     event.kind = StreamEvent::Kind::Done;
     event.stats = stats;
-    event.prepare_turn_end = std::move(prepare_turn_end);
     push(std::move(event));
 }
 

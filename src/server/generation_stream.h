@@ -8,7 +8,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -37,21 +36,16 @@ struct StreamEvent {
     std::string text;                    // Delta: new text
     std::vector<runtime::Token> tokens;  // Delta: tokens that produced it
     GenerationStats stats;               // Done
-    // Done, when the end of the turn will follow: renders and tokenizes the turn end (the
-    // template render, the tokenization and their memos) off the scheduler thread, for the
-    // scheduler's turn end and the conversation's next request. The consumer runs it in the
-    // background; running it is optional.
-    std::function<void()> prepare_turn_end;
-    int http_status = 500;      // Error
-    std::string error_type;     // Error
-    std::string error_message;  // Error
+    int http_status = 500;               // Error
+    std::string error_type;              // Error
+    std::string error_message;           // Error
 };
 
 class GenerationStream {
   public:
     // ---- producer side (scheduler thread) ----
     void push_delta(std::string text, std::vector<runtime::Token> tokens);
-    void finish(const GenerationStats& stats, std::function<void()> prepare_turn_end = {});
+    void finish(const GenerationStats& stats);
     void fail(int http_status, std::string type, std::string message);
 
     // ---- consumer side (HTTP thread) ----

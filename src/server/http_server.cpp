@@ -657,7 +657,6 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                     case StreamEvent::Kind::Done:
                         writer->on_done(run->choice, event.stats);
                         if (run->choice == 0) {
-                            background.post(std::move(event.prepare_turn_end));
                             background.post(parsed->prepare_next_turn);
                         }
                         if (++run->choice < run->choices()) {
@@ -732,7 +731,6 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                 } else {
                     out += run->writer->on_done(run->choice, event.stats);
                     if (run->choice == 0) {
-                        background.post(std::move(event.prepare_turn_end));
                         background.post(run->parsed->prepare_next_turn);
                     }
                     if (++run->choice < run->choices()) {

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
-#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -18,57 +16,6 @@ constexpr auto kIdleFlushDelay = std::chrono::milliseconds(50);
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
-
-// The end of a turn rendered and tokenized by the HTTP layer's background thread after the
-// response (GenerationStream::finish), so that neither the scheduler's turn end nor the
-// conversation's next request (through the tokenizer memo) waits for the render. The
-// scheduler takes the tokens if they are ready, else renders itself; never waits.
-class PreparedTurnEnd {
-  public:
-    enum class State { Pending, Ready, Failed };
-    void run(const std::function<std::vector<runtime::Token>(const std::string&)>& render,
-             const std::string& reply) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (taken_) {
-                return;  // the scheduler went ahead without it
-            }
-        }
-        std::vector<runtime::Token> tokens;
-        State state = State::Ready;
-        try {
-            tokens = render(reply);
-        } catch (const std::exception&) {
-            state = State::Failed;
-        }
-        std::lock_guard<std::mutex> lock(mutex_);
-        tokens_ = std::move(tokens);
-        state_ = state;
-    }
-    // The state as the scheduler finds it; after this call a later run() does nothing.
-    State take() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        taken_ = true;
-        return state_;
-    }
-    // Whether `prompt` goes on past the prepared turn (the client sent the reply back).
-    bool extended_by(const std::vector<runtime::Token>& prompt) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return state_ == State::Ready && prompt.size() > tokens_.size() &&
-               std::equal(tokens_.begin(), tokens_.end(), prompt.begin());
-    }
-    std::vector<runtime::Token> take_tokens() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return std::move(tokens_);
-    }
-
-  private:
-    std::mutex mutex_;
-    State state_ = State::Pending;
-    bool taken_ = false;
-    std::vector<runtime::Token> tokens_;
-};
-
 }  // namespace
 
 struct Scheduler::Pending {
@@ -97,10 +44,9 @@ struct Scheduler::Slot {
     // another request takes the lane first. `request` stays as it was until then.
     bool turn_end_deferred = false;
     std::string deferred_reply;
-    std::shared_ptr<PreparedTurnEnd> prepared_turn;  // (rendered in the background)
-    runtime::Token pending_token = 0;                // sampled, not decoded yet
-    int32_t n_sampled = 0;       // tokens sampled, including a final end-of-generation token
-    int32_t n_reply_tokens = 0;  // tokens of the reply (reported as completion_tokens)
+    runtime::Token pending_token = 0;  // sampled, not decoded yet
+    int32_t n_sampled = 0;             // tokens sampled, including a final end-of-generation token
+    int32_t n_reply_tokens = 0;        // tokens of the reply (reported as completion_tokens)
     std::optional<TextOutput> output;
     std::vector<runtime::Token> unsent_tokens;
     GenerationStats stats;
@@ -229,11 +175,6 @@ void Scheduler::run() {
                     ++it;
                 }
             }
-            if (turn_ends_deferred_.load() > 0) {
-                for (const auto& pending : incoming_) {
-                    start_turn_ends_extended_by(pending.request.prompt);
-                }
-            }
             bool yield = false;
             if (!incoming_.empty() && lanes_busy_.load() == options_.lanes) {
                 for (const auto& pending : incoming_) {
@@ -324,7 +265,6 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
         turn_ends_deferred_.fetch_sub(1);  // the lane's state is replaced or continued now
         slot.deferred_reply.clear();
     }
-    slot.prepared_turn.reset();
     slot.request = std::move(pending.request);
     slot.stream = std::move(pending.stream);
     slot.enqueued = pending.enqueued;
@@ -447,21 +387,12 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     cached_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.cached_tokens));
     completion_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.completion_tokens));
     completed_.fetch_add(1);
-    const bool defer = slot.prompt_info.turn_end_follows && slot.request.render_turn_end;
-    std::string reply = defer ? slot.output->text() : std::string();
-    std::function<void()> prepare;
-    slot.prepared_turn.reset();
-    if (defer) {
-        auto prepared = std::make_shared<PreparedTurnEnd>();
-        slot.prepared_turn = prepared;
-        prepare = [prepared, render = slot.request.render_turn_end, reply] {
-            prepared->run(render, reply);
-        };
-    }
     // The client has its answer before the cache records the lane.
-    slot.stream->finish(slot.stats, std::move(prepare));
+    slot.stream->finish(slot.stats);
     slot.stream.reset();
     notify_prompt_done(slot);
+    const bool defer = slot.prompt_info.turn_end_follows && slot.request.render_turn_end;
+    std::string reply = defer ? slot.output->text() : std::string();
     // The prompt was prefilled; the reply tokens after it were decoded.
     release_slot(slot, slot.request.prompt.size(), false);
     if (defer) {
@@ -473,35 +404,20 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
 
 bool Scheduler::start_deferred_turn_end() {
     for (auto& slot : slots_) {
-        if (start_deferred_turn_end(*slot)) {
-            return true;
+        if (slot->active || !std::exchange(slot->turn_end_deferred, false)) {
+            continue;
         }
+        turn_ends_deferred_.fetch_sub(1);
+        const std::string reply = std::move(slot->deferred_reply);
+        slot->deferred_reply.clear();
+        slot->active = true;
+        lanes_busy_.fetch_add(1);
+        if (!start_turn_end(*slot, reply)) {
+            free_slot(*slot);  // the lane keeps the prompt state release() noted
+        }
+        return true;
     }
     return false;
-}
-
-bool Scheduler::start_deferred_turn_end(Slot& slot) {
-    if (slot.active || !std::exchange(slot.turn_end_deferred, false)) {
-        return false;
-    }
-    turn_ends_deferred_.fetch_sub(1);
-    const std::string reply = std::move(slot.deferred_reply);
-    slot.deferred_reply.clear();
-    slot.active = true;
-    lanes_busy_.fetch_add(1);
-    if (!start_turn_end(slot, reply)) {
-        free_slot(slot);  // the lane keeps the prompt state release() noted
-    }
-    return true;
-}
-
-void Scheduler::start_turn_ends_extended_by(const std::vector<runtime::Token>& prompt) {
-    for (auto& slot : slots_) {
-        if (!slot->active && slot->turn_end_deferred && slot->prepared_turn &&
-            slot->prepared_turn->extended_by(prompt)) {
-            start_deferred_turn_end(*slot);
-        }
-    }
 }
 
 bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) const {
@@ -522,19 +438,10 @@ bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
         return false;
     }
     std::vector<runtime::Token> turn;
-    const auto prepared = std::exchange(slot.prepared_turn, nullptr);
-    const auto ready = prepared ? prepared->take() : PreparedTurnEnd::State::Pending;
-    if (ready == PreparedTurnEnd::State::Failed) {
+    try {
+        turn = slot.request.render_turn_end(reply);
+    } catch (const std::exception&) {
         return false;
-    }
-    if (ready == PreparedTurnEnd::State::Ready) {
-        turn = prepared->take_tokens();
-    } else {
-        try {
-            turn = slot.request.render_turn_end(reply);  // (the background has not run it yet)
-        } catch (const std::exception&) {
-            return false;
-        }
     }
     const auto& prompt = slot.request.prompt;
     if (turn.size() < prompt.size() + 2 || turn.size() >= n_ctx_ ||

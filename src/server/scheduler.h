@@ -118,11 +118,6 @@ class Scheduler {
     bool start_turn_end(Slot& slot, const std::string& reply);
     // Runs one deferred end of turn (the server is idle); false when there is none.
     bool start_deferred_turn_end();
-    bool start_deferred_turn_end(Slot& slot);
-    // A request that extends the prepared turn of a lane whose end of turn is deferred: that
-    // end of turn starts now and the request waits for it (continues_post_turn), so it
-    // restores the whole turn instead of prefilling the reply again outside the body rule.
-    void start_turn_ends_extended_by(const std::vector<runtime::Token>& prompt);
     // True when `prompt` continues a conversation whose lane is still recording its turn.
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
     // Ends turn-end work that holds a lane a waiting request needs.

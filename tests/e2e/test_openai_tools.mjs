@@ -138,9 +138,7 @@ test("tool results in the history", async () => {
       { role: "tool", tool_call_id: msg.tool_calls[0].id, content: "sunny" }],
   });
   assert.equal(typeof res.choices[0].message.content, "string");
-  assert.ok(res.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens,
-    `cached ${res.usage.prompt_tokens_details.cached_tokens} of ${res.usage.prompt_tokens}, ` +
-    `the first prompt had ${first.usage.prompt_tokens}`);
+  assert.ok(res.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens);
 });
 
 test("json_schema response format", async () => {
