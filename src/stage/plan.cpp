@@ -69,6 +69,15 @@ void plan_part(int32_t begin, int32_t end, const std::vector<int32_t>& pauses, i
         int32_t stop = std::min(end, at + max_chunk);
         if (next < pauses.size() && pauses[next] <= stop && end - pauses[next] >= min_chunk) {
             stop = pauses[next];
+        } else if (next < pauses.size()) {
+            // A pause just past this chunk would be too close to the next chunk's start
+            // (a system prompt ending a few tokens after a stride): stop one minimum chunk
+            // before it instead, so that the next chunk ends there.
+            const int32_t p = pauses[next];
+            if (p > stop && p - stop < min_chunk && end - p >= min_chunk &&
+                p - min_chunk - at >= min_chunk) {
+                stop = p - min_chunk;
+            }
         }
         if (end - stop > 0 && end - stop < min_chunk) {
             stop = std::max(at + 1, end - min_chunk);  // never leave a short rest

@@ -36,6 +36,9 @@ TEST(PlanChunks, FlashAttentionChunksAreAtLeastOneTile) {
     EXPECT_EQ(plan_chunks(0, 300, {30, 200, 260}, 512, 64), (std::vector<int32_t>{200, 300}));
     // A prefill shorter than the minimum is one chunk.
     EXPECT_EQ(plan_chunks(10, 50, {20}, 512, 64), (std::vector<int32_t>{50}));
+    // A pause a few tokens past a full batch (a system prompt of 1031 tokens) is kept: the
+    // batch before it ends one minimum chunk earlier.
+    EXPECT_EQ(plan_chunks(0, 1115, {1031}, 512, 64), (std::vector<int32_t>{512, 967, 1031, 1115}));
 }
 
 TEST(PlanChunks, RandomPlansKeepTheRule) {
