@@ -233,22 +233,7 @@ TEST(MessageBoundaries, SentencePieceSpacePrefixAfterControlTokens) {
     // fragment after <|im_start|> / <|im_end|>, which the rendered text does not have. The
     // finder maps such prompts through its piece table (the reference, which cannot, renders
     // and tokenizes every head); the warm pass must take the memo, not render again.
-    const auto dir = std::filesystem::temp_directory_path() / "skippy-server-boundaries";
-    std::filesystem::create_directories(dir);
-    const auto path = dir / "tiny-llama-spm-chatml.gguf";
-    if (!std::filesystem::exists(path)) {
-        runtime::ModelSpec spec;
-        spec.n_layer = 1;
-        spec.n_embd = 64;
-        spec.n_head = 2;
-        spec.n_head_kv = 2;
-        spec.n_ff = 64;
-        spec.vocab = "llama-spm-chatml";
-        const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
-        runtime::make_random_model(spec, tmp);
-        std::filesystem::rename(tmp, path);
-    }
-    const auto model = runtime::Model::load(path.string());
+    const auto model = runtime::Model::load(testing::tiny_chatml_spm_model("server-boundaries"));
     ASSERT_EQ(model->n_vocab(), 32002);
     ASSERT_TRUE(model->is_special_token(32001));  // <|im_start|>
     runtime::ChatTemplate tmpl(*model);

@@ -32,10 +32,15 @@ std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t
     return path.string();
 }
 
-std::string tiny_tool_model(const std::string& tag) {
+namespace {
+
+// A tiny dense model (1 layer, f16) with `vocab` and `chat_template` (empty: the default),
+// generated once as `file` under `tag`.
+std::string tiny_dense_model(const std::string& tag, const std::string& file,
+                             const std::string& vocab, const std::string& chat_template) {
     const auto dir = std::filesystem::temp_directory_path() / ("skippy-" + tag);
     std::filesystem::create_directories(dir);
-    const auto path = dir / "tiny-tools-qwen3-v1.gguf";
+    const auto path = dir / file;
     if (!std::filesystem::exists(path)) {
         runtime::ModelSpec spec;
         spec.arch = "llama";
@@ -45,13 +50,24 @@ std::string tiny_tool_model(const std::string& tag) {
         spec.n_head_kv = 2;
         spec.n_ff = 64;
         spec.f16 = true;
-        spec.vocab = "qwen3";
-        spec.chat_template = runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct");
+        spec.vocab = vocab;
+        spec.chat_template = chat_template;
         const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
         runtime::make_random_model(spec, tmp);
         std::filesystem::rename(tmp, path);
     }
     return path.string();
+}
+
+}  // namespace
+
+std::string tiny_tool_model(const std::string& tag) {
+    return tiny_dense_model(tag, "tiny-tools-qwen3-v1.gguf", "qwen3",
+                            runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct"));
+}
+
+std::string tiny_chatml_spm_model(const std::string& tag) {
+    return tiny_dense_model(tag, "tiny-llama-spm-chatml-v1.gguf", "llama-spm-chatml", "");
 }
 
 int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,

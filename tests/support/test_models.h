@@ -18,6 +18,10 @@ std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t
 // added tokens at their real ids) and the Qwen2.5 chat template, made once under `tag`.
 std::string tiny_tool_model(const std::string& tag);
 
+// Path of a tiny dense model (1 layer, f16) with the llama-spm-chatml vocabulary (ChatML's
+// control tokens appended) and the default ChatML template, made once under `tag`.
+std::string tiny_chatml_spm_model(const std::string& tag);
+
 // Decodes tokens[from, to) into `seq`, in chunks ending at multiples of `chunk` (0 = one
 // chunk); returns the batch index of the last token's logits.
 int32_t prefill(runtime::InferenceContext& ctx, runtime::SeqId seq,
