@@ -915,6 +915,9 @@ std::string PrefixCacheStage::metrics_text() const {
     }
     gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
           static_cast<double>(lane_tokens_.load(std::memory_order_relaxed)));
+    gauge("skippy_cache_lanes_pending",
+          "Lanes whose records wait for their deferred export (lane replaced, or 50 ms idle).",
+          static_cast<double>(lanes_pending()));
     return out;
 }
 

@@ -772,12 +772,9 @@ class CacheIsolationTest(unittest.TestCase):
             body["prompt_cache_key"] = key
         status, resp = server.post_json("/v1/chat/completions", body)
         self.assertEqual(status, 200, resp)
-        # The record path is asynchronous: wait until this request's entries are stored.
-        self.assertTrue(server.wait_idle(60))
-        deadline = time.time() + 30
-        while time.time() < deadline and \
-                server.metrics().get("skippy_cache_record_queue_pending", 0) > 0:
-            time.sleep(0.05)
+        # The record path is asynchronous: wait until this request's entries are stored
+        # (its end of turn and the lane's export run once the server is idle).
+        self.assertTrue(server.wait_settled(60))
         return resp["skippy"]["completion_token_ids"], \
             resp["usage"]["prompt_tokens_details"]["cached_tokens"], resp["usage"]["prompt_tokens"]
 
