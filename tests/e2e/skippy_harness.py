@@ -155,14 +155,12 @@ class Server:
         """Idle, and the cache has recorded everything: no deferred end of turn, no lane
         waiting for its export, nothing in the record queue."""
         deadline = time.time() + timeout
-        names = ("skippy_turn_ends_deferred", "skippy_cache_lanes_pending",
-                 "skippy_cache_record_queue_pending", "skippy_lanes_busy")
+        names = ("skippy_lanes_busy", "skippy_requests_queued", "skippy_turn_ends_deferred",
+                 "skippy_cache_lanes_pending", "skippy_cache_record_queue_pending")
         while time.time() < deadline:
             m = self.metrics()
-            if all(m.get(n, 0) == 0 for n in names) and self.wait_idle(timeout=1):
-                m = self.metrics()
-                if all(m.get(n, 0) == 0 for n in names):
-                    return True
+            if all(m.get(n, 0) == 0 for n in names):
+                return True
             time.sleep(0.05)
         return False
 
