@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <stdexcept>
 
@@ -10,6 +11,7 @@
 #include "json-schema-to-grammar.h"
 #include "llama.h"
 #include "log.h"
+#include "runtime/chat_template_direct.h"
 #include "runtime/model.h"
 
 namespace skippy::runtime {
@@ -95,8 +97,8 @@ std::string without_root_literal(const std::string& grammar, const std::string& 
     const std::string head = "root ::= " + literal + " ";
     const size_t at = grammar.rfind("\nroot ::= ", grammar.size());
     const size_t begin = grammar.compare(0, head.size(), head) == 0 ? 0
-                         : at == std::string::npos                    ? std::string::npos
-                                                                      : at + 1;
+                         : at == std::string::npos                  ? std::string::npos
+                                                                    : at + 1;
     if (begin == std::string::npos || grammar.compare(begin, head.size(), head) != 0) {
         return grammar;
     }
@@ -147,9 +149,89 @@ ChatReply ChatOutputParser::parse(const std::string& text, bool partial) const {
 struct ChatTemplate::Impl {
     const Model* model = nullptr;
     common_chat_templates_ptr templates;
+    // The direct renders of the default and the tool-use template (null: render in full).
+    std::unique_ptr<DirectChatRender> direct_default;
+    std::unique_ptr<DirectChatRender> direct_tool_use;
+    bool has_tool_use = false;
+
+    const DirectChatRender* direct_for(const common_chat_templates_inputs& inputs) const {
+        return !inputs.tools.empty() && has_tool_use ? direct_tool_use.get() : direct_default.get();
+    }
 };
 
-ChatTemplate::ChatTemplate(const Model& model, const std::string& template_override)
+namespace {
+
+std::string render_full(const common_chat_templates* templates,
+                        const common_chat_templates_inputs& inputs) {
+    return common_chat_templates_apply(templates, inputs).prompt;
+}
+
+// The prompt, or nullopt where the template throws.
+template <typename Render>
+std::optional<std::string> rendered(Render&& render) {
+    try {
+        return render();
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+}
+
+// A direct render is used only where it gives the full render's prompt (or both throw) for
+// a probe conversation, with and without the generation prompt, without tools and with a
+// tool as `cases` says (the tool-use template renders only requests with tools).
+enum class ProbeTools { Without, With, Both };
+
+std::unique_ptr<DirectChatRender> checked_direct_render(const Model& model,
+                                                        const common_chat_templates* templates,
+                                                        const std::string& source,
+                                                        ProbeTools cases) {
+    if (source.empty()) {
+        return nullptr;
+    }
+    const llama_vocab* vocab = model.vocab();
+    const auto piece = [&](llama_token token) {
+        return token == LLAMA_TOKEN_NULL ? std::string()
+                                         : common_token_to_piece(vocab, token, true);
+    };
+    std::unique_ptr<DirectChatRender> direct;
+    try {
+        direct = std::make_unique<DirectChatRender>(
+            source, piece(llama_vocab_bos(vocab)), piece(llama_vocab_eos(vocab)),
+            llama_vocab_get_add_bos(vocab), llama_vocab_get_add_eos(vocab));
+    } catch (const std::exception&) {
+        return nullptr;
+    }
+    if (!direct->eligible()) {
+        return nullptr;
+    }
+    const std::vector<ChatMessage> probe = {{"system", "You are brief."},
+                                            {"user", "Hello"},
+                                            {"assistant", "Hi there"},
+                                            {"user", "Bye"}};
+    ChatContext with_tool;
+    with_tool.tools.push_back(ToolDefinition{
+        "probe", "A probe tool",
+        R"({"type":"object","properties":{"q":{"type":"string"}},"required":["q"]})"});
+    for (const bool tools : {false, true}) {
+        if ((tools && cases == ProbeTools::Without) || (!tools && cases == ProbeTools::With)) {
+            continue;
+        }
+        for (const bool generation_prompt : {true, false}) {
+            const auto inputs =
+                make_inputs(probe, tools ? with_tool : ChatContext{}, generation_prompt);
+            if (rendered([&] { return direct->render(inputs); }) !=
+                rendered([&] { return render_full(templates, inputs); })) {
+                return nullptr;
+            }
+        }
+    }
+    return direct;
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(const Model& model, const std::string& template_override,
+                           bool direct_render)
     : impl_(std::make_unique<Impl>()) {
     // llama.cpp common/ logs on its own logger (warnings about model output that does not
     // parse, ...): errors only, unless SKIPPY_LLAMA_LOG=1.
@@ -170,7 +252,19 @@ ChatTemplate::ChatTemplate(const Model& model, const std::string& template_overr
     const auto it = caps.find("supports_tool_calls");
     supports_tool_calls_ = it != caps.end() && it->second;
     supports_thinking_ = common_chat_templates_support_enable_thinking(impl_->templates.get());
+    if (direct_render) {
+        const std::string tool_use =
+            common_chat_templates_source(impl_->templates.get(), "tool_use");
+        impl_->has_tool_use = !tool_use.empty();
+        impl_->direct_default =
+            checked_direct_render(model, impl_->templates.get(), source_,
+                                  impl_->has_tool_use ? ProbeTools::Without : ProbeTools::Both);
+        impl_->direct_tool_use =
+            checked_direct_render(model, impl_->templates.get(), tool_use, ProbeTools::With);
+    }
 }
+
+bool ChatTemplate::renders_directly() const { return impl_->direct_default != nullptr; }
 
 ChatTemplate::~ChatTemplate() = default;
 
@@ -178,8 +272,9 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt, const ChatContext& context) const {
     common_chat_templates_inputs inputs = make_inputs(messages, context, add_generation_prompt);
     try {
-        common_chat_params params = common_chat_templates_apply(impl_->templates.get(), inputs);
-        return params.prompt;
+        const DirectChatRender* direct = impl_->direct_for(inputs);
+        return direct != nullptr ? direct->render(inputs)
+                                 : render_full(impl_->templates.get(), inputs);
     } catch (const std::exception& e) {
         throw std::invalid_argument(std::string("chat template failed: ") + e.what());
     }
@@ -278,8 +373,8 @@ ChatPrompt ChatTemplate::apply(const std::vector<ChatMessage>& messages, const C
         // When the root opens with it as one literal, the literal goes (nothing to prefill,
         // whatever the tokenizer); otherwise its tokens are accepted first, as
         // common_sampler_init does.
-        out.grammar = without_root_literal(out.grammar,
-                                           gbnf_format_literal(constrained.generation_prompt));
+        out.grammar =
+            without_root_literal(out.grammar, gbnf_format_literal(constrained.generation_prompt));
     }
     if (!out.grammar.empty() && !out.grammar_lazy && !constrained.generation_prompt.empty() &&
         out.grammar.find("root ::= " + gbnf_format_literal(constrained.generation_prompt)) !=

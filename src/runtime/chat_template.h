@@ -109,7 +109,10 @@ struct ChatPrompt {
 class ChatTemplate {
   public:
     // template_override: a Jinja template to use instead of the GGUF's (empty = from model).
-    explicit ChatTemplate(const Model& model, const std::string& template_override = "");
+    // direct_render: render prompts without llama.cpp's per-call template analysis where
+    // that gives the same text (runtime/chat_template_direct.h); false: always in full.
+    explicit ChatTemplate(const Model& model, const std::string& template_override = "",
+                          bool direct_render = true);
     ~ChatTemplate();
     ChatTemplate(const ChatTemplate&) = delete;
     ChatTemplate& operator=(const ChatTemplate&) = delete;
@@ -127,6 +130,8 @@ class ChatTemplate {
     const std::string& source() const { return source_; }
     bool supports_tool_calls() const { return supports_tool_calls_; }
     bool supports_thinking() const { return supports_thinking_; }
+    // Whether render() skips llama.cpp's template analysis (for requests without tools).
+    bool renders_directly() const;
 
   private:
     struct Impl;

@@ -162,6 +162,10 @@ bool Model::is_special_token(Token token) const {
            (llama_vocab_get_attr(vocab_, token) &
             (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED)) != 0;
 }
+bool Model::strips_left(Token token) const {
+    return is_valid_token(token) &&
+           (llama_vocab_get_attr(vocab_, token) & LLAMA_TOKEN_ATTR_LSTRIP) != 0;
+}
 int32_t Model::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
 uint32_t Model::n_ctx_train() const {
     return static_cast<uint32_t>(llama_model_n_ctx_train(model_));

@@ -50,6 +50,8 @@ class Model {
     // A control or user-defined token (the tokenizer splits text at these before anything
     // else).
     bool is_special_token(Token token) const;
+    // A special token that takes the whitespace before it (the tokenizer drops it).
+    bool strips_left(Token token) const;
     bool is_valid_token(Token token) const { return token >= 0 && token < n_vocab(); }
 
     int32_t n_vocab() const;

@@ -372,6 +372,7 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     // The next turn of this conversation renders this prompt as the head before the reply,
     // and the end of this turn (rendered below) as the head before its new message.
     boundaries_.remember(keys.back(), true, prompt);
+    prompt_tokens_.remember_prompt(keys.back(), prompt, gen.prompt);
     auto history = std::make_shared<const std::vector<runtime::ChatMessage>>(messages);
     gen.render_turn_end = [this, history, context, parser = out.chat_parser,
                            id_base = out.tool_call_id_base,

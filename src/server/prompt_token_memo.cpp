@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "cache/sha256.h"
+
 namespace skippy::server {
 
 PromptTokenMemo::PromptTokenMemo(const runtime::Model& model, size_t max_entries)
@@ -17,33 +19,66 @@ std::shared_ptr<const PromptTokenMemo::Head> PromptTokenMemo::find(const cache::
     return it->second->second;
 }
 
+namespace {
+
+// The key of the prompt head of the messages with identity `key`.
+cache::Digest prompt_key(const cache::Digest& key) {
+    cache::Sha256 h;
+    static constexpr char kLabel[] = "skippy.prompt-head.v1";
+    h.update(kLabel, sizeof kLabel - 1);
+    h.update(key.bytes.data(), key.bytes.size());
+    return h.finish();
+}
+
+}  // namespace
+
+std::vector<runtime::Token> PromptTokenMemo::from_head(const std::string& prompt, const Head& head,
+                                                       bool& tokenized) const {
+    const std::string& text = head.text;
+    if (head.tokens.empty() || model_.is_end_of_generation(head.tokens.back()) ||
+        text.size() >= prompt.size() || prompt.compare(0, text.size(), text) != 0) {
+        return {};
+    }
+    tokenized = true;
+    const std::string_view rest = std::string_view(prompt).substr(text.size());
+    std::vector<runtime::Token> tail = model_.tokenize(rest, false, true);
+    // The rest must start with a special token (the split point of the tokenizer).
+    if (tail.empty() || !model_.is_special_token(tail.front()) ||
+        !rest.starts_with(model_.token_to_piece(tail.front(), true)) ||
+        (!head.prompt && model_.strips_left(tail.front()))) {
+        return {};
+    }
+    std::vector<runtime::Token> out;
+    out.reserve(head.tokens.size() + tail.size());
+    out.insert(out.end(), head.tokens.begin(), head.tokens.end());
+    out.insert(out.end(), tail.begin(), tail.end());
+    return out;
+}
+
 std::vector<runtime::Token> PromptTokenMemo::tokenize(const std::string& prompt,
                                                       const MessageKeys& keys) const {
-    for (size_t j = keys.size() < 2 ? 0 : keys.size() - 2; j >= 1 && max_entries_ > 0; --j) {
-        const auto head = find(keys[j]);
-        if (!head) {
-            continue;
+    // At most two heads that the prompt starts with are tried: when neither splits at a
+    // special token, a shorter one would not either, in general (and costs a longer rest).
+    int tries = 2;
+    for (size_t j = keys.size() < 2 ? 0 : keys.size() - 2; j >= 1 && max_entries_ > 0 && tries > 0;
+         --j) {
+        // The end of the turn with these messages, else the prompt that asked for it.
+        for (const cache::Digest& key : {keys[j], prompt_key(keys[j])}) {
+            const auto head = find(key);
+            if (!head || tries == 0) {
+                continue;
+            }
+            bool tokenized = false;
+            std::vector<runtime::Token> out = from_head(prompt, *head, tokenized);
+            tries -= tokenized ? 1 : 0;
+            if (out.empty()) {
+                continue;
+            }
+            std::lock_guard<std::mutex> lock(mutex_);
+            ++stats_.hits;
+            stats_.reused_tokens += head->tokens.size();
+            return out;
         }
-        const std::string& text = head->text;
-        if (head->tokens.empty() || model_.is_end_of_generation(head->tokens.back()) ||
-            text.size() >= prompt.size() || prompt.compare(0, text.size(), text) != 0) {
-            continue;
-        }
-        const std::string_view rest = std::string_view(prompt).substr(text.size());
-        std::vector<runtime::Token> tail = model_.tokenize(rest, false, true);
-        // The rest must start with a special token (the split point of the tokenizer).
-        if (tail.empty() || !model_.is_special_token(tail.front()) ||
-            !rest.starts_with(model_.token_to_piece(tail.front(), true))) {
-            break;  // a shorter head would not end at a special token either, in general
-        }
-        std::vector<runtime::Token> out;
-        out.reserve(head->tokens.size() + tail.size());
-        out.insert(out.end(), head->tokens.begin(), head->tokens.end());
-        out.insert(out.end(), tail.begin(), tail.end());
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++stats_.hits;
-        stats_.reused_tokens += head->tokens.size();
-        return out;
     }
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -57,7 +92,40 @@ void PromptTokenMemo::remember(const cache::Digest& key, std::string text,
     if (max_entries_ == 0) {
         return;
     }
-    auto head = std::make_shared<const Head>(Head{std::move(text), std::move(tokens)});
+    store(key, std::make_shared<const Head>(Head{std::move(text), std::move(tokens), false}));
+}
+
+void PromptTokenMemo::remember_prompt(const cache::Digest& key, const std::string& prompt,
+                                      const std::vector<runtime::Token>& tokens) const {
+    if (max_entries_ == 0) {
+        return;
+    }
+    // Cut before the last special token (not an added BOS at the front).
+    for (size_t i = tokens.size(); i-- > 1;) {
+        if (!model_.is_special_token(tokens[i])) {
+            continue;
+        }
+        const std::string piece = model_.token_to_piece(tokens[i], true);
+        const size_t at = prompt.rfind(piece);
+        // What follows must be exactly the tokens that follow (it has no special token
+        // text but this one's, which the tokenizer would have split).
+        if (piece.empty() || at == std::string::npos ||
+            model_.tokenize(std::string_view(prompt).substr(at), false, true) !=
+                std::vector<runtime::Token>(tokens.begin() + static_cast<std::ptrdiff_t>(i),
+                                            tokens.end())) {
+            return;
+        }
+        store(prompt_key(key),
+              std::make_shared<const Head>(
+                  Head{prompt.substr(0, at),
+                       std::vector<runtime::Token>(tokens.begin(),
+                                                   tokens.begin() + static_cast<std::ptrdiff_t>(i)),
+                       true}));
+        return;
+    }
+}
+
+void PromptTokenMemo::store(const cache::Digest& key, std::shared_ptr<const Head> head) const {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = index_.find(key); it != index_.end()) {
         lru_.erase(it->second);

@@ -9,11 +9,19 @@
 //   std::vector<Token> t = memo.tokenize(prompt, keys);       // == model.tokenize(prompt,
 //                                                             //    true, true), faster
 //
+// A follow-up can arrive before the previous turn's end was rendered (an agent's tool
+// result): the previous request's prompt is remembered too (remember_prompt), cut before its
+// last special token (where the generation prompt starts), and the follow-up, which starts
+// with that prompt's text, is tokenized from there.
+//
 // Exactness: llama.cpp's tokenizer first splits the text at special tokens and tokenizes
 // the text between them independently. A head is used only when the prompt starts with
 // exactly its text and the rest starts with a special token (checked on the tokens of the
 // rest), so tokenize(head) + tokenize(rest) is the tokenization of the whole prompt. Heads
-// whose tokens end with an added EOS are never used.
+// whose tokens end with an added EOS are never used, nor a turn's end before a special token
+// that strips the whitespace on its left (the whole tokenization would drop what the head
+// kept). A prompt head is the first tokens of a whole tokenization, which the rest, starting
+// with the same special token, continues the same way.
 //
 // Thread safety: const methods are safe to call concurrently (one mutex on the memo).
 #pragma once
@@ -51,6 +59,10 @@ class PromptTokenMemo {
     // identity `key` (add_generation_prompt = false).
     void remember(const cache::Digest& key, std::string text,
                   std::vector<runtime::Token> tokens) const;
+    // `tokens` = model.tokenize(prompt, true, true), prompt = the render of the messages with
+    // identity `key` with the generation prompt.
+    void remember_prompt(const cache::Digest& key, const std::string& prompt,
+                         const std::vector<runtime::Token>& tokens) const;
 
     Stats stats() const;
 
@@ -58,10 +70,16 @@ class PromptTokenMemo {
     struct Head {
         std::string text;
         std::vector<runtime::Token> tokens;
+        bool prompt = false;  // cut from a prompt (remember_prompt)
     };
     using Lru = std::list<std::pair<cache::Digest, std::shared_ptr<const Head>>>;
 
     std::shared_ptr<const Head> find(const cache::Digest& key) const;
+    void store(const cache::Digest& key, std::shared_ptr<const Head> head) const;
+    // The tokens of the prompt from `head`, or empty when the head cannot be used;
+    // `tokenized`: the rest was tokenized (the prompt starts with the head's text).
+    std::vector<runtime::Token> from_head(const std::string& prompt, const Head& head,
+                                          bool& tokenized) const;
 
     const runtime::Model& model_;
     size_t max_entries_;

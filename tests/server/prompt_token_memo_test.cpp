@@ -44,6 +44,12 @@ const runtime::Model& qwen_model() {
     return *model;
 }
 
+const runtime::Model& chatml_spm_model() {
+    static std::unique_ptr<runtime::Model> model =
+        runtime::Model::load(testing::tiny_chatml_spm_model("prompt-token-memo"));
+    return *model;
+}
+
 std::string read_file(const std::filesystem::path& path) {
     std::ifstream in(path);
     std::stringstream ss;
@@ -51,11 +57,13 @@ std::string read_file(const std::filesystem::path& path) {
     return ss.str();
 }
 
-// Grows a chat through the request parser (which remembers each turn's end); every turn's
-// prompt tokens must equal a whole tokenization. Returns the memo's hits (-1: the template
-// cannot render the chat).
+// Grows a chat through the request parser (which remembers each turn's end, and each
+// prompt); every turn's prompt tokens must equal a whole tokenization. `turn_ends`: false
+// sends each follow-up before the previous turn's end was rendered (an agent's tool result),
+// so only the remembered prompts help. Returns the memo's hits (-1: the template cannot
+// render the chat).
 int64_t grow(const runtime::Model& model, const runtime::ChatTemplate& tmpl,
-             const std::string& what) {
+             const std::string& what, bool turn_ends = true) {
     RequestLimits limits;
     limits.n_ctx = 1 << 20;
     OpenAiRequestParser parser(model, tmpl, {"m"}, limits);
@@ -79,7 +87,9 @@ int64_t grow(const runtime::Model& model, const runtime::ChatTemplate& tmpl,
         EXPECT_EQ(parsed.generation.prompt, model.tokenize(prompt, true, true))
             << what << " turn " << turn;
         const std::string& reply = replies[static_cast<size_t>(turn) % replies.size()];
-        parsed.generation.render_turn_end(reply);
+        if (turn_ends) {
+            parsed.generation.render_turn_end(reply);
+        }
         messages.push_back({"assistant", reply});
     }
     return static_cast<int64_t>(parser.prompt_tokens().stats().hits);
@@ -92,6 +102,16 @@ TEST(PromptTokenMemo, ModelTemplatesReuseTheTurnEndTokens) {
     EXPECT_EQ(grow(qwen_model(), qwen, "qwen2.5 template, qwen3 vocab"), kTurns - 1);
     runtime::ChatTemplate spm(spm_model());
     EXPECT_GE(grow(spm_model(), spm, "default template, llama-spm vocab"), 0);
+}
+
+TEST(PromptTokenMemo, AFollowUpBeforeTheTurnEndReusesThePromptTokens) {
+    // The previous prompt, cut before its generation prompt's <|im_start|>, is the head.
+    runtime::ChatTemplate qwen(qwen_model());
+    EXPECT_EQ(grow(qwen_model(), qwen, "qwen2.5 template, qwen3 vocab", false), kTurns - 1);
+    // llama-spm-chatml: ChatML's control tokens in a SentencePiece vocabulary.
+    const runtime::Model& chatml = chatml_spm_model();
+    runtime::ChatTemplate spm(chatml);
+    EXPECT_EQ(grow(chatml, spm, "default template, llama-spm-chatml vocab", false), kTurns - 1);
 }
 
 TEST(PromptTokenMemo, EveryShippedTemplateTokenizesExactly) {
@@ -115,10 +135,12 @@ TEST(PromptTokenMemo, EveryShippedTemplateTokenizesExactly) {
             } catch (const std::exception&) {
                 continue;
             }
-            const int64_t h = grow(*model, *tmpl, all[i].filename().string());
-            if (h >= 0) {
-                ++grown;
-                hits += h;
+            for (const bool turn_ends : {true, false}) {
+                const int64_t h = grow(*model, *tmpl, all[i].filename().string(), turn_ends);
+                if (h >= 0) {
+                    ++grown;
+                    hits += h;
+                }
             }
         }
     }
