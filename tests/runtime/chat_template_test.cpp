@@ -10,14 +10,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
 #include "test_models.h"
 
@@ -40,13 +37,6 @@ const Model& qwen_model() {
     static std::unique_ptr<Model> model =
         Model::load(testing::tiny_tool_model("chat-template-direct"));
     return *model;
-}
-
-std::string read_file(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
 }
 
 struct Case {
@@ -95,22 +85,14 @@ std::optional<std::string> rendered(Render&& render) {
 }
 
 TEST(ChatTemplateDirect, EveryShippedTemplateRendersAsTheFullPath) {
-    const auto dir =
-        std::filesystem::path(vocab_gguf_path("llama-spm")).parent_path() / "templates";
-    std::vector<std::filesystem::path> all;
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-        if (entry.path().extension() == ".jinja") {
-            all.push_back(entry.path());
-        }
-    }
-    std::sort(all.begin(), all.end());
+    const std::vector<std::filesystem::path> all = testing::shipped_chat_templates();
     ASSERT_GT(all.size(), 10u);
     const std::vector<Case> conversations = cases();
     size_t direct = 0;
     size_t tried = 0;
     size_t compared = 0;
     for (size_t i = 0; i < all.size(); i += kTemplateStride) {
-        const std::string source = read_file(all[i]);
+        const std::string source = testing::read_text_file(all[i]);
         for (const Model* model : {&spm_model(), &qwen_model()}) {
             std::unique_ptr<ChatTemplate> fast;
             std::unique_ptr<ChatTemplate> full;

@@ -8,10 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "nlohmann/json.hpp"
 #include "runtime/factory/model_factory.h"
@@ -197,26 +195,6 @@ int expect_same(const runtime::Model& model, const runtime::ChatTemplate& tmpl,
     return static_cast<int>(want.size());
 }
 
-std::vector<std::filesystem::path> shipped_templates() {
-    const auto models_dir =
-        std::filesystem::path(runtime::vocab_gguf_path("llama-spm")).parent_path();
-    std::vector<std::filesystem::path> out;
-    for (const auto& entry : std::filesystem::directory_iterator(models_dir / "templates")) {
-        if (entry.path().extension() == ".jinja") {
-            out.push_back(entry.path());
-        }
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-}
-
-std::string read_file(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
 // ---- tests ----
 
 TEST(MessageBoundaries, SameAsRenderingEveryHeadWithTheModelTemplate) {
@@ -251,7 +229,7 @@ TEST(MessageBoundaries, SentencePieceSpacePrefixAfterControlTokens) {
 TEST(MessageBoundaries, SameAsRenderingEveryHeadWithEveryShippedTemplate) {
     const auto& model = tiny_llama();
     std::vector<std::filesystem::path> templates;
-    const auto all = shipped_templates();
+    const auto all = testing::shipped_chat_templates();
     ASSERT_GT(all.size(), 10u);
     for (size_t i = 0; i < all.size(); i += kTemplateStride) {
         templates.push_back(all[i]);
@@ -262,7 +240,7 @@ TEST(MessageBoundaries, SameAsRenderingEveryHeadWithEveryShippedTemplate) {
     for (const auto& path : templates) {
         std::unique_ptr<runtime::ChatTemplate> tmpl;
         try {
-            tmpl = std::make_unique<runtime::ChatTemplate>(model, read_file(path));
+            tmpl = std::make_unique<runtime::ChatTemplate>(model, testing::read_text_file(path));
         } catch (const std::exception&) {
             continue;  // llama.cpp cannot load it: no boundaries to compare
         }
@@ -363,15 +341,14 @@ TEST(MessageBoundaries, NextTurnRendersNothingTheMemoHas) {
 // print the date, or have channels: the memo never changes the result.
 TEST(MessageBoundaries, GrowingChatMatchesTheReferenceOnRewritingTemplates) {
     const auto& model = tiny_llama();
-    const auto dir =
-        std::filesystem::path(runtime::vocab_gguf_path("llama-spm")).parent_path() / "templates";
+    const auto dir = testing::shipped_chat_templates().front().parent_path();
     const std::vector<std::string> names = {"Qwen-Qwen3-0.6B.jinja", "openai-gpt-oss-120b.jinja",
                                             "meta-llama-Llama-3.1-8B-Instruct.jinja",
                                             "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
                                             "google-gemma-2-2b-it.jinja"};
     for (size_t i = 0; i < kRewritingTemplates; ++i) {
         const std::string& name = names[i];
-        runtime::ChatTemplate tmpl(model, read_file(dir / name));
+        runtime::ChatTemplate tmpl(model, testing::read_text_file(dir / name));
         grow_chat(model, tmpl, name);
     }
 }

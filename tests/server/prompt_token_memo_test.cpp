@@ -8,9 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,13 +46,6 @@ const runtime::Model& chatml_spm_model() {
     static std::unique_ptr<runtime::Model> model =
         runtime::Model::load(testing::tiny_chatml_spm_model("prompt-token-memo"));
     return *model;
-}
-
-std::string read_file(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
 }
 
 // Grows a chat through the request parser (which remembers each turn's end, and each
@@ -115,15 +106,7 @@ TEST(PromptTokenMemo, AFollowUpBeforeTheTurnEndReusesThePromptTokens) {
 }
 
 TEST(PromptTokenMemo, EveryShippedTemplateTokenizesExactly) {
-    const auto dir =
-        std::filesystem::path(runtime::vocab_gguf_path("llama-spm")).parent_path() / "templates";
-    std::vector<std::filesystem::path> all;
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-        if (entry.path().extension() == ".jinja") {
-            all.push_back(entry.path());
-        }
-    }
-    std::sort(all.begin(), all.end());
+    const std::vector<std::filesystem::path> all = testing::shipped_chat_templates();
     ASSERT_GT(all.size(), 10u);
     size_t grown = 0;
     int64_t hits = 0;
@@ -131,7 +114,8 @@ TEST(PromptTokenMemo, EveryShippedTemplateTokenizesExactly) {
         for (const runtime::Model* model : {&spm_model(), &qwen_model()}) {
             std::unique_ptr<runtime::ChatTemplate> tmpl;
             try {
-                tmpl = std::make_unique<runtime::ChatTemplate>(*model, read_file(all[i]));
+                tmpl = std::make_unique<runtime::ChatTemplate>(*model,
+                                                               testing::read_text_file(all[i]));
             } catch (const std::exception&) {
                 continue;
             }

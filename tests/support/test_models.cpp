@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "runtime/factory/model_factory.h"
 #include "runtime/sampler.h"
@@ -64,6 +66,26 @@ std::string tiny_dense_model(const std::string& tag, const std::string& file,
 std::string tiny_tool_model(const std::string& tag) {
     return tiny_dense_model(tag, "tiny-tools-qwen3-v1.gguf", "qwen3",
                             runtime::chat_template_text("Qwen-Qwen2.5-7B-Instruct"));
+}
+
+std::vector<std::filesystem::path> shipped_chat_templates() {
+    const auto dir =
+        std::filesystem::path(runtime::vocab_gguf_path("llama-spm")).parent_path() / "templates";
+    std::vector<std::filesystem::path> out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+        if (entry.path().extension() == ".jinja") {
+            out.push_back(entry.path());
+        }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+std::string read_text_file(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
 }
 
 std::string tiny_chatml_spm_model(const std::string& tag) {

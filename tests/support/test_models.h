@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,12 @@ std::string tiny_tool_model(const std::string& tag);
 // Path of a tiny dense model (1 layer, f16) with the llama-spm-chatml vocabulary (ChatML's
 // control tokens appended) and the default ChatML template, made once under `tag`.
 std::string tiny_chatml_spm_model(const std::string& tag);
+
+// The chat templates llama.cpp ships (models/templates/*.jinja), sorted.
+std::vector<std::filesystem::path> shipped_chat_templates();
+
+// The contents of a text file.
+std::string read_text_file(const std::filesystem::path& path);
 
 // Decodes tokens[from, to) into `seq`, in chunks ending at multiples of `chunk` (0 = one
 // chunk); returns the batch index of the last token's logits.
