@@ -16,6 +16,14 @@ constexpr auto kIdleFlushDelay = std::chrono::milliseconds(50);
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
+// What lane choice and waiting know of a queued request (no message boundaries yet).
+stage::PromptInfo lookup_info(const GenerationRequest& request) {
+    stage::PromptInfo info;
+    info.tokens = std::span<const runtime::Token>(request.prompt);
+    info.cache_namespace = request.cache_namespace;
+    info.cache_enabled = request.cache_enabled;
+    return info;
+}
 }  // namespace
 
 struct Scheduler::Pending {
@@ -187,6 +195,10 @@ void Scheduler::run() {
                     ++it;  // admitted once that lane has recorded the end of its turn
                     continue;
                 }
+                if (waits_for_peer(it->request, admitted)) {
+                    ++it;  // admitted once the lane prefilling its prefix has it
+                    continue;
+                }
                 admitted.push_back(std::move(*it));
                 it = incoming_.erase(it);
                 --free_lanes;
@@ -251,11 +263,7 @@ void Scheduler::admit_pending(std::deque<Pending>& pending) {
         if (idle.empty()) {
             break;  // cannot happen: admission counted free lanes
         }
-        stage::PromptInfo info;
-        info.tokens = std::span<const runtime::Token>(item.request.prompt);
-        info.cache_namespace = item.request.cache_namespace;
-        info.cache_enabled = item.request.cache_enabled;
-        const runtime::SeqId lane = stage_->choose_lane(idle, info);
+        const runtime::SeqId lane = stage_->choose_lane(idle, lookup_info(item.request));
         start_slot(*slots_[static_cast<size_t>(lane)], std::move(item));
     }
 }
@@ -418,6 +426,18 @@ bool Scheduler::start_deferred_turn_end() {
         return true;
     }
     return false;
+}
+
+bool Scheduler::waits_for_peer(const GenerationRequest& request,
+                               const std::deque<Pending>& starting) const {
+    std::vector<std::span<const runtime::Token>> prompts;
+    prompts.reserve(starting.size());
+    for (const auto& pending : starting) {
+        if (pending.request.cache_namespace == request.cache_namespace) {
+            prompts.emplace_back(pending.request.prompt);
+        }
+    }
+    return stage_->waits_for_peer(lookup_info(request), prompts);
 }
 
 bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) const {
@@ -607,6 +627,9 @@ void Scheduler::prefill_chunk(Slot& slot) {
     decode_calls_.fetch_add(1);
     slot.n_prefilled = end;
     ++slot.next_chunk;
+    if (!slot.post_turn) {
+        stage_->prefilled(slot.lane, end);
+    }
     while (slot.next_checkpoint < slot.plan.checkpoints.size() &&
            slot.plan.checkpoints[slot.next_checkpoint] <= end) {
         if (slot.plan.checkpoints[slot.next_checkpoint] == end) {

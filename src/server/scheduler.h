@@ -120,6 +120,10 @@ class Scheduler {
     bool start_deferred_turn_end();
     // True when `prompt` continues a conversation whose lane is still recording its turn.
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
+    // The stage would rather have the request wait for a busy lane's prefill (its prefix),
+    // or for one of the requests starting in this step.
+    bool waits_for_peer(const GenerationRequest& request,
+                        const std::deque<Pending>& starting) const;
     // Ends turn-end work that holds a lane a waiting request needs.
     void yield_post_turn();
     void notify_prompt_done(Slot& slot);

@@ -98,6 +98,17 @@ struct ExactRule {
     int32_t restore_limit(int32_t b, int32_t n) const { return best_restore(n, b, n); }
 };
 
+// How many leading tokens a and b share, at most `limit`.
+inline int32_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b,
+                             int32_t limit) {
+    const auto n = static_cast<int32_t>(std::min({a.size(), b.size(), static_cast<size_t>(limit)}));
+    int32_t i = 0;
+    while (i < n && a[static_cast<size_t>(i)] == b[static_cast<size_t>(i)]) {
+        ++i;
+    }
+    return i;
+}
+
 // Chunk ends for prefilling [begin, end): at most `max_chunk` tokens each; in the body
 // [begin, body_end) at least `min_chunk` (unless that part is shorter), in the tail
 // [body_end, end) at least 2 (unless it is one token; one chunk when it is min_chunk

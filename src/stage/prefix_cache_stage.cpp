@@ -27,15 +27,6 @@ cache::PageId page_of(const cache::NamespaceId& ns, std::span<const Token> token
     return cache::prefix_identity(ns, 0, tokens).page_id();
 }
 
-int32_t common_prefix(std::span<const Token> a, std::span<const Token> b, int32_t limit) {
-    const auto n = static_cast<int32_t>(std::min({a.size(), b.size(), static_cast<size_t>(limit)}));
-    int32_t i = 0;
-    while (i < n && a[static_cast<size_t>(i)] == b[static_cast<size_t>(i)]) {
-        ++i;
-    }
-    return i;
-}
-
 }  // namespace
 
 PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Model& model,
@@ -343,6 +334,11 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     state.recurrent_at = restored;
     state.n_restored = restored;
     plan.n_restored = restored;
+    // Other lanes may copy what this one prefills (not from a request that opted out).
+    state.busy = records_enabled(prompt);
+    state.prompt.assign(prompt.tokens.begin(),
+                        state.busy ? prompt.tokens.end() : prompt.tokens.begin());
+    state.prefilled = restored;
     // The regimes of this prefill (plan.h): a restore inside the body leaves a valid rest
     // (restore() and lane_match() chose it so); one in the lane's tail keeps its body end.
     const int32_t b = body_end(prompt);
@@ -440,9 +436,11 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
         }
     }
     const auto stored = hit ? static_cast<int32_t>(hit->len) : 0;
+    // Another lane's exact state (dense): busy with a prompt that shares the prefix, or idle.
+    const PeerMatch peer = best_peer(lane, ns, prompt);
     event.lookup_ms = ms_since(t0);
-    event.matched_tokens = std::max(lane_common, stored);
-    if (in_lane > 0 && in_lane >= stored) {
+    event.matched_tokens = std::max({lane_common, stored, peer.tokens});
+    if (in_lane > 0 && in_lane >= stored && in_lane >= peer.tokens) {
         // The lane holds the prefix already: keep it, drop what follows. Hybrid/recurrent
         // lanes whose state moved on get the recurrent state of a checkpoint taken there.
         bool ok = true;
@@ -467,6 +465,13 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     }
     // Whatever follows replaces the lane's state: records still waiting for it go first.
     flush_lane(context, lane);
+    if (peer.tokens > stored && peer.tokens > in_lane) {
+        if (copy_from_peer(context, lane, peer, event)) {
+            event.decision = CacheDecision::ExactHit;
+            event.tier = CacheTier::Lane;
+            return peer.tokens;
+        }
+    }
     if (stored < static_cast<int32_t>(policy_.min_tokens)) {
         context.seq_clear(lane);
         event.decision = CacheDecision::Miss;
@@ -582,6 +587,9 @@ Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId l
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     const auto n = static_cast<int32_t>(prompt.tokens.size());
     const auto end = static_cast<int32_t>(turn.size());
+    // The lane's cells change from here on: no peer copies from it until it is released.
+    state.prompt.clear();
+    state.prefilled = 0;
     if (!records_enabled(prompt) || end < n + 2) {
         return -1;
     }
@@ -632,6 +640,8 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
                                bool turn_end) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     state.last_used = ++clock_;
+    state.busy = false;
+    state.prompt.clear();
     state.tokens.assign(canonical.begin(), canonical.end());
     if (turn_end) {
         // The end of the turn was prefilled in body chunks from inside the body.

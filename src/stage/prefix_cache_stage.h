@@ -67,6 +67,9 @@ class PrefixCacheStage final : public StageBackend {
     void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
                  std::span<const Token> canonical, bool turn_end) override;
     void discard(runtime::InferenceContext& context, SeqId lane) override;
+    void prefilled(SeqId lane, int32_t n_tokens) override;
+    bool waits_for_peer(const PromptInfo& prompt,
+                        std::span<const std::span<const Token>> starting) const override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
     void prefetch(const PromptInfo& prompt) override;
     void set_busy(bool busy) override;
@@ -116,6 +119,16 @@ class PrefixCacheStage final : public StageBackend {
         int32_t turn_start = -1;
         std::vector<int32_t> pending;  // positions to record, export deferred
         uint64_t last_used = 0;
+        // While a request runs on the lane: its prompt, and how much of it is prefilled. The
+        // body part of that (tokens[0, min(prefilled, body_end))) is exact state another
+        // lane may copy (prefix_cache_peer.cpp).
+        bool busy = false;
+        std::vector<Token> prompt;
+        int32_t prefilled = 0;
+    };
+    struct PeerMatch {
+        SeqId lane = -1;
+        int32_t tokens = 0;
     };
 
     bool lookups_enabled(const PromptInfo& prompt) const;
@@ -133,6 +146,15 @@ class PrefixCacheStage final : public StageBackend {
                     const cache::NamespaceId& ns, LookupEvent& event);
     bool import_entry(runtime::InferenceContext& context, SeqId lane, const cache::ExactHit& hit,
                       bool recurrent_only, std::string& reason, LookupEvent& event);
+    // Dense models: the longest prefix of the prompt another lane (busy or idle) holds as
+    // exact state for it, and the copy of it into `lane` (prefix_cache_peer.cpp).
+    PeerMatch best_peer(SeqId lane, const cache::NamespaceId& ns, const PromptInfo& prompt) const;
+    // The prefix a busy lane's prompt shares with `prompt` that it has or will have prefilled
+    // in the body regime.
+    int32_t busy_lane_reach(const LaneState& lane, const cache::NamespaceId& ns,
+                            std::span<const Token> prompt, int32_t limit) const;
+    bool copy_from_peer(runtime::InferenceContext& context, SeqId lane, const PeerMatch& peer,
+                        LookupEvent& event);
     void update_lane_gauge();
     void apply_forget_lanes();
     void flush_lane(runtime::InferenceContext& context, SeqId lane);

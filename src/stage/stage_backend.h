@@ -6,6 +6,7 @@
 //   lane = choose_lane(idle, prompt)          -> the idle lane that holds most of the prompt
 //   plan = plan(ctx, lane, prompt)            -> restore + chunk ends + checkpoints
 //   checkpoint(ctx, lane, prompt, n)          -> at each plan.checkpoints position
+//   prefilled(lane, n)                        -> at each chunk end of the prompt
 //   ... decode the reply ...
 //   from = begin_turn_end(ctx, lane, prompt, turn); if (from >= 0) prefill turn[from, end)
 //   release(ctx, lane, canonical)             -> records what is new; the lane keeps it
@@ -53,6 +54,16 @@ class StageBackend {
     // lane holds exactly plan.n_restored prompt tokens afterwards.
     virtual Plan plan(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
                       int32_t max_chunk) = 0;
+    // The prefill of the prompt reached `n_tokens` (every chunk end; not for turn ends).
+    virtual void prefilled(SeqId /*lane*/, int32_t /*n_tokens*/) {}
+    // Whether a queued request should wait before it is given a lane: a busy lane is
+    // prefilling a longer prefix of its prompt than anything cached has, or one of the
+    // requests given a lane in this same step (`starting`) will, and it can copy that prefix
+    // once it is there instead of computing it again (checked each scheduler step).
+    virtual bool waits_for_peer(const PromptInfo& /*prompt*/,
+                                std::span<const std::span<const Token>> /*starting*/) const {
+        return false;
+    }
     // The prefill reached plan checkpoint `n_tokens`.
     virtual void checkpoint(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
                             const PromptInfo& /*prompt*/, int32_t /*n_tokens*/) {}

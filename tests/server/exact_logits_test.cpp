@@ -363,6 +363,45 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsKeepPrefillLogitsExact) {
     }
 }
 
+TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
+    // Nothing cached: the second request waits while the first prefills the shared head,
+    // then copies it from the first one's lane (dense models; the others compute it again).
+    std::mt19937 rng(47);
+    const auto shared = random_tokens(rng, 400);
+    std::vector<std::vector<runtime::Token>> prompts;
+    for (int i = 0; i < 2; ++i) {
+        auto p = shared;
+        const auto extra = random_tokens(rng, 70 + 30 * static_cast<size_t>(i));
+        p.insert(p.end(), extra.begin(), extra.end());
+        prompts.push_back(p);
+    }
+    std::vector<Result> solo;
+    for (const auto& p : prompts) {
+        solo.push_back(run(*off_, p, 2));
+    }
+    std::vector<std::shared_ptr<Result>> outs;
+    std::vector<std::shared_ptr<GenerationStream>> streams;
+    for (const auto& p : prompts) {
+        outs.push_back(std::make_shared<Result>());
+        streams.push_back(std::make_shared<GenerationStream>());
+        ASSERT_EQ(on_->submit(request_for(p, 2, outs.back()), streams.back()), Admission::Accepted);
+    }
+    std::vector<Result> got;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        got.push_back(wait_for(streams[i], outs[i]));
+        EXPECT_TRUE(same_bits(got[i].logits, solo[i].logits, 1)) << "request " << i;
+    }
+    const int32_t copied = std::max(got[0].stats.cached_tokens, got[1].stats.cached_tokens);
+    if (arch_ == "llama") {
+        // The copy ends where the rule lets the second prompt restore the first one's body.
+        EXPECT_GE(copied, 400 - rule_.body_min);
+        EXPECT_LE(copied, 400);
+    }
+    std::printf("[exact] %s: shared head of 400 tokens, %d copied from the peer lane\n",
+                arch_.c_str(), copied);
+    wait_recorded(*on_, *stage_);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ExactLogitsTest,
                          ::testing::Values(Case{"llama", false}, Case{"qwen35", false},
                                            Case{"mamba2", false}, Case{"llama", true},

@@ -1,0 +1,116 @@
+// Peer lanes (dense models): a request whose prefix another lane holds, or is prefilling
+// right now, copies that lane's exact state instead of computing it again. A lane's state of
+// its first p tokens is exact for another prompt under the same rule as a stored entry
+// (plan.h): computed in the body regime, and restorable for the new prompt's body end. Concurrent
+// requests that share a prompt head (a few-shot prefix, a system prompt) therefore prefill it
+// once: the scheduler holds back a request while a busy lane prefills the head it shares
+// (waits_for_peer), then the request copies it (best_peer + copy_from_peer, inside restore()).
+// The copy is llama.cpp's state export of the peer's sequence imported into the new lane,
+// trimmed to the prefix: both lanes belong to the scheduler thread, which runs every hook.
+#include <chrono>
+
+#include "stage/prefix_cache_stage.h"
+
+namespace skippy::stage {
+
+namespace {
+
+// A wait pays off only for a prefix this much longer than what the request gets now.
+constexpr int32_t kPeerWaitMinTokens = 64;
+
+}  // namespace
+
+void PrefixCacheStage::prefilled(SeqId lane, int32_t n_tokens) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    if (state.busy) {
+        state.prefilled = n_tokens;
+    }
+}
+
+int32_t PrefixCacheStage::busy_lane_reach(const LaneState& lane, const cache::NamespaceId& ns,
+                                          std::span<const Token> prompt, int32_t limit) const {
+    if (!lane.busy || !lane.has_ns || !(lane.ns == ns)) {
+        return 0;
+    }
+    return std::min(common_prefix(lane.prompt, prompt, limit), lane.body_end);
+}
+
+PrefixCacheStage::PeerMatch PrefixCacheStage::best_peer(SeqId lane, const cache::NamespaceId& ns,
+                                                        const PromptInfo& prompt) const {
+    PeerMatch best;
+    if (layout_.has_recurrent) {
+        return best;  // (recurrent state exists only at checkpoints)
+    }
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t b = body_end(prompt);
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+        if (static_cast<SeqId>(i) == lane) {
+            continue;
+        }
+        const LaneState& peer = lanes_[i];
+        int32_t match = 0;
+        if (peer.busy) {
+            const int32_t reach = busy_lane_reach(peer, ns, prompt.tokens, n - 1);
+            match = rule_.best_restore(std::min(reach, peer.prefilled), b, n);
+        } else {
+            match = lane_match(peer, ns, prompt);
+        }
+        if (match > best.tokens) {
+            best = {static_cast<SeqId>(i), match};
+        }
+    }
+    if (best.tokens < static_cast<int32_t>(policy_.min_tokens)) {
+        best = {};
+    }
+    return best;
+}
+
+bool PrefixCacheStage::copy_from_peer(runtime::InferenceContext& context, SeqId lane,
+                                      const PeerMatch& peer, LookupEvent& event) {
+    const auto t0 = std::chrono::steady_clock::now();
+    context.seq_clear(lane);
+    const std::vector<uint8_t> blob = context.state_export(peer.lane, runtime::StateScope::Full);
+    const bool ok = !blob.empty() && context.state_import(blob, lane, runtime::StateScope::Full) &&
+                    context.seq_remove(lane, static_cast<Pos>(peer.tokens), -1) &&
+                    context.seq_pos_max(lane) == static_cast<Pos>(peer.tokens) - 1;
+    event.import_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok) {
+        context.seq_clear(lane);
+    }
+    return ok;
+}
+
+bool PrefixCacheStage::waits_for_peer(const PromptInfo& prompt,
+                                      std::span<const std::span<const Token>> starting) const {
+    if (layout_.has_recurrent || !lookups_enabled(prompt)) {
+        return false;
+    }
+    const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    int32_t have = 0;  // what the request gets now: an idle lane's match
+    int32_t coming = 0;
+    for (const LaneState& lane : lanes_) {
+        if (lane.busy) {
+            const int32_t reach = busy_lane_reach(lane, ns, prompt.tokens, n - 1);
+            if (reach > lane.prefilled) {
+                coming = std::max(coming, reach);
+            } else {
+                have = std::max(have, reach);
+            }
+        } else {
+            have = std::max(have, lane_match(lane, ns, prompt));
+        }
+    }
+    // A request starting now may restore its prompt's head from the store instead: then
+    // this one loses one scheduler step.
+    for (const auto& other : starting) {
+        coming = std::max(coming, common_prefix(other, prompt.tokens, n - 1));
+    }
+    // (A busy lane planned its prompt with the store's longest entry: what it has not
+    // prefilled yet, nothing stored had.)
+    return coming >= 2 * static_cast<int32_t>(policy_.min_tokens) &&
+           coming - have >= kPeerWaitMinTokens;
+}
+
+}  // namespace skippy::stage
