@@ -309,6 +309,8 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
         }
     }
     const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t held_common =
+        state.has_ns && state.ns == ns ? common_prefix(state.tokens, prompt.tokens, n) : 0;
     LookupEvent event;
     event.payload = cache::to_string(layout_.kind);
     event.prompt_tokens = n;
@@ -327,7 +329,12 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     event.restored_tokens = restored;
     event.suffix_tokens = n - restored;
     telemetry_->lookup(event);
-    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) { return cp.n_tokens > restored; });
+    // The lane's checkpoints are states of the tokens it held: only those inside what that
+    // shares with this prompt (and inside what was restored) are states of this prompt too.
+    // (A restore from the store or a peer replaced the lane's cells; a checkpoint the lane
+    // took for another prompt past the shared head would restore that prompt's state.)
+    const int32_t valid = std::min(restored, held_common);
+    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) { return cp.n_tokens > valid; });
     state.has_ns = true;
     state.ns = ns;
     state.tokens.assign(prompt.tokens.begin(), prompt.tokens.begin() + restored);

@@ -164,8 +164,8 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
             const auto ok = [&](int32_t r) {
                 return r >= min_tokens && rule_.can_restore(r, body_end(n), len);
             };
-            return ok(recorded(prefix)) || (before_body_end(prefix) > 0 &&
-                                            ok(before_body_end(prefix)));
+            return ok(recorded(prefix)) ||
+                   (before_body_end(prefix) > 0 && ok(before_body_end(prefix)));
         }
         return rule_.best_restore(recorded(prefix), body_end(n), len) >= min_tokens;
     }
@@ -400,6 +400,40 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
     std::printf("[exact] %s: shared head of 400 tokens, %d copied from the peer lane\n",
                 arch_.c_str(), copied);
     wait_recorded(*on_, *stage_);
+}
+
+TEST_P(ExactLogitsTest, ALaneRestoredFromTheStoreKeepsNoCheckpointOfItsPreviousPrompt) {
+    // One lane: A, then B (another prompt after the same short head), then A again, restored
+    // from the store into the lane that held B, then C, a prompt inside A's: C must not
+    // restore a recurrent checkpoint the lane took for B.
+    SchedulerOptions o = options(GetParam().flash_attn);
+    o.lanes = 1;
+    auto stage = std::make_unique<stage::PrefixCacheStage>(cache_config(), *model_, o.context,
+                                                           cache::PayloadKind::KvPages);
+    stage::PrefixCacheStage* one_stage = stage.get();
+    Scheduler one(*model_, o, std::move(stage));
+    std::mt19937 rng(53);
+    const auto head = random_tokens(rng, 20);
+    auto a = head;
+    auto b = head;
+    const auto a_rest = random_tokens(rng, 380);
+    const auto b_rest = random_tokens(rng, 380);
+    a.insert(a.end(), a_rest.begin(), a_rest.end());
+    b.insert(b.end(), b_rest.begin(), b_rest.end());
+    auto c = std::vector<runtime::Token>(a.begin(), a.begin() + 360);
+    const auto c_rest = random_tokens(rng, 40);
+    c.insert(c.end(), c_rest.begin(), c_rest.end());
+    for (const auto* p : {&a, &b, &a}) {
+        run(one, *p, 2);
+        wait_recorded(one, *one_stage);
+    }
+    const Result ref = run(*off_, c, 3);
+    const Result got = run(one, c, 3);
+    EXPECT_TRUE(same_bits(got.logits, ref.logits, 3))
+        << "logits differ (cached " << got.stats.cached_tokens << ")";
+    std::printf("[exact] %s: C restored %d tokens (%s)\n", arch_.c_str(), got.stats.cached_tokens,
+                got.stats.cache_tier.c_str());
+    wait_recorded(one, *one_stage);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ExactLogitsTest,
