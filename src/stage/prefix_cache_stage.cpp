@@ -686,6 +686,10 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
         positions = record_positions(prompt, state.n_restored, turn_end);
         if (turn_end) {
             positions.push_back(static_cast<int32_t>(canonical.size()));
+        } else if (prompt.turn_end_follows && state.body_end > state.n_restored) {
+            // The end of this turn may never run (the lane is taken by another conversation
+            // first): the next turn extends this prompt, whose body end it can restore.
+            positions.push_back(state.body_end);
         }
         if (!positions.empty()) {
             positions = {*std::max_element(positions.begin(), positions.end())};

@@ -402,6 +402,63 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
     wait_recorded(*on_, *stage_);
 }
 
+TEST_P(ExactLogitsTest, AChatTurnWhoseEndNeverRanRestoresThePreviousPrompt) {
+    // One lane, two conversations taking turns at once: the end of X's first turn never
+    // runs (Y takes the lane first), so X's second turn restores X's first prompt (its body
+    // end) from the store, and prefills the reply with the new message.
+    SchedulerOptions o = options(GetParam().flash_attn);
+    o.lanes = 1;
+    auto stage = std::make_unique<stage::PrefixCacheStage>(cache_config(), *model_, o.context,
+                                                           cache::PayloadKind::KvPages);
+    Scheduler one(*model_, o, std::move(stage));
+    std::mt19937 rng(59);
+    const auto system = random_tokens(rng, 100);
+    const std::vector<runtime::Token> sep = {7, 8, 9};
+    auto chat = [&](const std::vector<runtime::Token>& prompt, std::vector<int32_t> boundaries,
+                    Scheduler& scheduler, bool turn_end) {
+        auto out = std::make_shared<Result>();
+        GenerationRequest req = request_for(prompt, 4, out);
+        req.message_boundaries = std::move(boundaries);
+        if (turn_end) {
+            req.render_turn_end = [prompt, sep, out](const std::string&) {
+                std::vector<runtime::Token> t = prompt;
+                t.insert(t.end(), out->tokens.begin(), out->tokens.end());
+                t.insert(t.end(), sep.begin(), sep.end());
+                return t;
+            };
+        }
+        return run(scheduler, std::move(req), out);
+    };
+    std::vector<runtime::Token> x1 = system;
+    std::vector<runtime::Token> y1 = system;
+    for (auto* p : {&x1, &y1}) {
+        const auto msg = random_tokens(rng, 80);
+        p->insert(p->end(), msg.begin(), msg.end());
+    }
+    const Result x1_out = chat(x1, {100}, one, true);
+    chat(y1, {100}, one, true);  // takes the lane before X's turn end
+    std::vector<runtime::Token> x2 = x1;
+    x2.insert(x2.end(), x1_out.tokens.begin(), x1_out.tokens.end());
+    x2.insert(x2.end(), sep.begin(), sep.end());
+    const auto x2_reply_end = static_cast<int32_t>(x2.size());
+    const auto msg = random_tokens(rng, 80);
+    x2.insert(x2.end(), msg.begin(), msg.end());
+    const std::vector<int32_t> x2_bounds = {100, 180, x2_reply_end};
+    const Result ref = chat(x2, x2_bounds, *off_, false);
+    const Result got = chat(x2, x2_bounds, one, true);
+    EXPECT_TRUE(same_bits(got.logits, ref.logits, 4))
+        << "logits differ (cached " << got.stats.cached_tokens << ")";
+    const int32_t x1_body =
+        rule_.body_end(static_cast<int32_t>(x1.size()), std::vector<int32_t>{100});
+    const auto n2 = static_cast<int32_t>(x2.size());
+    if (arch_ == "llama") {
+        EXPECT_EQ(got.stats.cached_tokens,
+                  rule_.best_restore(x1_body, rule_.body_end(n2, x2_bounds), n2));
+    }
+    std::printf("[exact] %s: second turn after an abandoned turn end restored %d of %d\n",
+                arch_.c_str(), got.stats.cached_tokens, n2);
+}
+
 TEST_P(ExactLogitsTest, ALaneRestoredFromTheStoreKeepsNoCheckpointOfItsPreviousPrompt) {
     // One lane: A, then B (another prompt after the same short head), then A again, restored
     // from the store into the lane that held B, then C, a prompt inside A's: C must not
