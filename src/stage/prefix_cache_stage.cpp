@@ -428,7 +428,9 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
             }
         }
     };
-    lookup(limit);
+    if (in_lane < limit) {
+        lookup(limit);  // (a lane that holds all the prompt can take needs no store lookup)
+    }
     if (hit && rule_.has_tail() && !rule_.can_restore(static_cast<int32_t>(hit->len), b, n)) {
         // Stored entries are all body: one that ends just before the body end leaves a
         // rest too short for the body's chunks.
