@@ -14,11 +14,14 @@ export function modelPath(kind) {
   return out.trim();
 }
 
-// Starts `skippy serve` on a free port; resolves to { port, stop() }.
+// Starts `skippy serve` on a free port; resolves to { port, stop() }. The disk tier is off
+// unless the test turns it on (as in skippy_harness.py): tests running side by side never
+// share, or read back, the default cache folder.
 export async function startServer(model, extraArgs = []) {
   const proc = spawn(process.env.SKIPPY_BIN, ["serve", "--model", model, "--port", "0",
     "--threads", process.env.SKIPPY_TEST_THREADS ?? "1", ...extraArgs],
-  { stdio: ["ignore", "ignore", "pipe"] });
+  { stdio: ["ignore", "ignore", "pipe"],
+    env: { SKIPPY_CACHE_DISK: "off", ...process.env } });
   const port = await new Promise((resolve, reject) => {
     let log = "";
     const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 120000);
