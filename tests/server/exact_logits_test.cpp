@@ -122,6 +122,50 @@ std::vector<runtime::Token> random_tokens(std::mt19937& rng, size_t n) {
     return out;
 }
 
+// Prompts that share `head` random tokens, each with its own random rest (extra[i] tokens).
+std::vector<std::vector<runtime::Token>> shared_head_prompts(std::mt19937& rng, size_t head,
+                                                             std::initializer_list<size_t> extra) {
+    const auto shared = random_tokens(rng, head);
+    std::vector<std::vector<runtime::Token>> prompts;
+    for (const size_t n : extra) {
+        auto p = shared;
+        const auto rest = random_tokens(rng, n);
+        p.insert(p.end(), rest.begin(), rest.end());
+        prompts.push_back(p);
+    }
+    return prompts;
+}
+
+// Runs the prompts one after the other.
+std::vector<Result> run_each(Scheduler& scheduler,
+                             const std::vector<std::vector<runtime::Token>>& prompts,
+                             int max_tokens) {
+    std::vector<Result> out;
+    for (const auto& p : prompts) {
+        out.push_back(run(scheduler, p, max_tokens));
+    }
+    return out;
+}
+
+// Submits every prompt at once, then waits for each.
+std::vector<Result> run_concurrently(Scheduler& scheduler,
+                                     const std::vector<std::vector<runtime::Token>>& prompts,
+                                     int max_tokens) {
+    std::vector<std::shared_ptr<Result>> outs;
+    std::vector<std::shared_ptr<GenerationStream>> streams;
+    for (const auto& p : prompts) {
+        outs.push_back(std::make_shared<Result>());
+        streams.push_back(std::make_shared<GenerationStream>());
+        EXPECT_EQ(scheduler.submit(request_for(p, max_tokens, outs.back()), streams.back()),
+                  Admission::Accepted);
+    }
+    std::vector<Result> got;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        got.push_back(wait_for(streams[i], outs[i]));
+    }
+    return got;
+}
+
 class ExactLogitsTest : public ::testing::TestWithParam<Case> {
   protected:
     void SetUp() override {
@@ -333,31 +377,14 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsKeepPrefillLogitsExact) {
     // under concurrency; decode steps of several lanes share one batch (other kernels), so
     // later tokens are compared against a run with the same concurrency instead.
     std::mt19937 rng(31);
-    const auto shared = random_tokens(rng, 150);
-    std::vector<std::vector<runtime::Token>> prompts;
-    for (int i = 0; i < 2; ++i) {
-        auto p = shared;
-        const auto extra = random_tokens(rng, 10 + static_cast<size_t>(i));
-        p.insert(p.end(), extra.begin(), extra.end());
-        prompts.push_back(p);
-    }
-    std::vector<Result> solo;
-    for (const auto& p : prompts) {
-        solo.push_back(run(*off_, p, 4));
-    }
-    run(*on_, shared, 1);
+    const auto prompts = shared_head_prompts(rng, 150, {10, 11});
+    const std::vector<Result> solo = run_each(*off_, prompts, 4);
+    run(*on_, std::vector<runtime::Token>(prompts[0].begin(), prompts[0].begin() + 150), 1);
     wait_recorded(*on_, *stage_);
-    std::vector<std::shared_ptr<Result>> outs;
-    std::vector<std::shared_ptr<GenerationStream>> streams;
-    for (const auto& p : prompts) {
-        outs.push_back(std::make_shared<Result>());
-        streams.push_back(std::make_shared<GenerationStream>());
-        ASSERT_EQ(on_->submit(request_for(p, 4, outs.back()), streams.back()), Admission::Accepted);
-    }
+    const std::vector<Result> got = run_concurrently(*on_, prompts, 4);
     for (size_t i = 0; i < prompts.size(); ++i) {
-        const Result got = wait_for(streams[i], outs[i]);
-        EXPECT_TRUE(same_bits(got.logits, solo[i].logits, 1)) << "request " << i;
-        const bool all = same_bits(got.logits, solo[i].logits, 4);
+        EXPECT_TRUE(same_bits(got[i].logits, solo[i].logits, 1)) << "request " << i;
+        const bool all = same_bits(got[i].logits, solo[i].logits, 4);
         std::printf("[exact] %s concurrent request %zu: first token exact, later tokens %s\n",
                     arch_.c_str(), i, all ? "exact too" : "differ (batched decode steps)");
     }
@@ -367,28 +394,10 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
     // Nothing cached: the second request waits while the first prefills the shared head,
     // then copies it from the first one's lane (dense models; the others compute it again).
     std::mt19937 rng(47);
-    const auto shared = random_tokens(rng, 400);
-    std::vector<std::vector<runtime::Token>> prompts;
-    for (int i = 0; i < 2; ++i) {
-        auto p = shared;
-        const auto extra = random_tokens(rng, 70 + 30 * static_cast<size_t>(i));
-        p.insert(p.end(), extra.begin(), extra.end());
-        prompts.push_back(p);
-    }
-    std::vector<Result> solo;
-    for (const auto& p : prompts) {
-        solo.push_back(run(*off_, p, 2));
-    }
-    std::vector<std::shared_ptr<Result>> outs;
-    std::vector<std::shared_ptr<GenerationStream>> streams;
-    for (const auto& p : prompts) {
-        outs.push_back(std::make_shared<Result>());
-        streams.push_back(std::make_shared<GenerationStream>());
-        ASSERT_EQ(on_->submit(request_for(p, 2, outs.back()), streams.back()), Admission::Accepted);
-    }
-    std::vector<Result> got;
+    const auto prompts = shared_head_prompts(rng, 400, {70, 100});
+    const std::vector<Result> solo = run_each(*off_, prompts, 2);
+    const std::vector<Result> got = run_concurrently(*on_, prompts, 2);
     for (size_t i = 0; i < prompts.size(); ++i) {
-        got.push_back(wait_for(streams[i], outs[i]));
         EXPECT_TRUE(same_bits(got[i].logits, solo[i].logits, 1)) << "request " << i;
     }
     const int32_t copied = std::max(got[0].stats.cached_tokens, got[1].stats.cached_tokens);

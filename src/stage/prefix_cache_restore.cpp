@@ -1,0 +1,178 @@
+// Restore (plan() calls it): the longest exact prefix of the prompt into the lane, from the
+// lane itself, a peer lane (prefix_cache_peer.cpp) or a stored entry, longest first; a
+// failed import clears the lane and quarantines the entry.
+#include <algorithm>
+#include <chrono>
+
+#include "stage/prefix_cache_stage.h"
+
+namespace skippy::stage {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane,
+                                  const PromptInfo& prompt, const cache::NamespaceId& ns,
+                                  LookupEvent& event) {
+    LaneState& state = lanes_[static_cast<size_t>(lane)];
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t b = body_end(prompt);
+    const int32_t limit = rule_.restore_limit(b, n);
+    const auto t0 = Clock::now();
+    const int32_t in_lane = lane_match(state, ns, prompt);
+    const int32_t lane_common =
+        state.has_ns && state.ns == ns ? common_prefix(state.tokens, prompt.tokens, limit) : 0;
+    std::optional<cache::ExactHit> hit;
+    auto lookup = [&](int32_t len) {
+        hit.reset();
+        if (len >= static_cast<int32_t>(policy_.min_tokens)) {
+            // A Common hit is trimmed after import.
+            hit =
+                exact_->acquire_longest(ns, prompt.tokens.first(static_cast<size_t>(len)), match_);
+            if (hit && hit->stored_len > context.n_ctx_seq()) {
+                hit.reset();  // recorded by a server with longer lanes
+            }
+        }
+    };
+    if (in_lane < limit) {
+        lookup(limit);  // (a lane that holds all the prompt can take needs no store lookup)
+    }
+    if (hit && rule_.has_tail() && !rule_.can_restore(static_cast<int32_t>(hit->len), b, n)) {
+        // Stored entries are all body: one that ends just before the body end leaves a
+        // rest too short for the body's chunks.
+        if (match_ == cache::PrefixMatch::Common) {
+            hit->len =
+                static_cast<size_t>(rule_.best_restore(static_cast<int32_t>(hit->len), b, n));
+            if (hit->len < policy_.min_tokens) {
+                hit.reset();
+            }
+        } else {
+            lookup(b - rule_.body_min);
+        }
+    }
+    const auto stored = hit ? static_cast<int32_t>(hit->len) : 0;
+    // Another lane's exact state (dense): busy with a prompt that shares the prefix, or idle.
+    const PeerMatch peer = best_peer(lane, ns, prompt);
+    event.lookup_ms = ms_since(t0);
+    event.matched_tokens = std::max({lane_common, stored, peer.tokens});
+    if (in_lane > 0 && in_lane >= stored && in_lane >= peer.tokens) {
+        // The lane holds the prefix already: keep it, drop what follows. Hybrid/recurrent
+        // lanes whose state moved on get the recurrent state of a checkpoint taken there.
+        bool ok = true;
+        if (layout_.has_recurrent && state.recurrent_at != in_lane) {
+            const auto t1 = Clock::now();
+            auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
+                                   [&](const Checkpoint& cp) { return cp.n_tokens == in_lane; });
+            ok = it != state.checkpoints.end() &&
+                 context.state_import(*it->recurrent, lane,
+                                      layout_.has_attention ? runtime::StateScope::PartialOnly
+                                                            : runtime::StateScope::Full);
+            event.import_ms = ms_since(t1);
+        }
+        if (ok && context.seq_remove(lane, static_cast<Pos>(in_lane), -1) &&
+            context.seq_pos_max(lane) == static_cast<Pos>(in_lane) - 1) {
+            event.decision = CacheDecision::ExactHit;
+            event.tier = CacheTier::Lane;
+            return in_lane;
+        }
+        flush_lane(context, lane);
+        context.seq_clear(lane);  // could not trim: fall back to the stored entries
+    }
+    // Whatever follows replaces the lane's state: records still waiting for it go first.
+    flush_lane(context, lane);
+    if (peer.tokens > stored && peer.tokens > in_lane) {
+        if (copy_from_peer(context, lane, peer, event)) {
+            event.decision = CacheDecision::ExactHit;
+            event.tier = CacheTier::Lane;
+            return peer.tokens;
+        }
+    }
+    if (stored < static_cast<int32_t>(policy_.min_tokens)) {
+        context.seq_clear(lane);
+        event.decision = CacheDecision::Miss;
+        if (n < static_cast<int32_t>(policy_.min_tokens) + 2) {
+            event.reason = "below_min_tokens";
+        } else if (config_.events_log_path.empty()) {
+            event.reason = "never_seen";
+        } else {
+            // Only worth the extra lookup when someone reads the reason.
+            const cache::NamespaceId plain = namespace_for("");
+            const bool elsewhere =
+                !prompt.cache_namespace.empty() &&
+                exact_->peek_longest(plain, prompt.tokens.first(static_cast<size_t>(limit)),
+                                     match_);
+            event.reason = elsewhere ? "namespace" : "never_seen";
+        }
+        return 0;
+    }
+    event.page_id = hit->page.str();
+    event.bytes = hit->payload_bytes;
+    // Hybrid/recurrent: the lane may hold the attention KV of the entry's prefix already;
+    // then only the recurrent state is imported.
+    const bool recurrent_only = layout_.has_recurrent && layout_.has_attention &&
+                                lane_common >= stored && lane_serves(state, stored, b, n) &&
+                                hit->descriptor.recurrent_bytes > 0;
+    if (!recurrent_only) {
+        context.seq_clear(lane);
+    }
+    std::string reason;
+    if (import_entry(context, lane, *hit, recurrent_only, reason, event)) {
+        event.decision = CacheDecision::ExactHit;
+        event.tier = recurrent_only ? CacheTier::Lane : CacheTier::Ram;
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        if (auto it = std::find(promoted_.begin(), promoted_.end(), hit->page);
+            it != promoted_.end()) {
+            event.tier = CacheTier::Disk;  // promoted from disk for this request
+            promoted_.erase(it);
+        }
+        return stored;
+    }
+    context.seq_clear(lane);
+    event.decision = CacheDecision::Error;
+    event.reason = reason;
+    const auto status = exact_->quarantine(*hit);
+    hit.reset();  // the last lease: the entry goes now
+    event.quarantined =
+        status == cache::QuarantineStatus::Removed || status == cache::QuarantineStatus::Deferred;
+    return 0;
+}
+
+bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId lane,
+                                    const cache::ExactHit& hit, bool recurrent_only,
+                                    std::string& reason, LookupEvent& event) {
+    const auto n = static_cast<uint32_t>(hit.stored_len);
+    const auto t1 = Clock::now();
+    const cache::ReconstructError error = exact_->reconstruct_into(hit.lease, import_buffer_);
+    event.reconstruct_ms = ms_since(t1);
+    if (error != cache::ReconstructError::None) {
+        reason = std::string("reconstruct failed: ") + cache::to_string(error);
+        return false;
+    }
+    const auto t2 = Clock::now();
+    const PayloadPart part = recurrent_only ? PayloadPart::RecurrentOnly : PayloadPart::Full;
+    if (!decode_payload(import_buffer_, hit.descriptor, n, layout_, blob_buffer_, &reason, part)) {
+        return false;
+    }
+    const auto scope =
+        recurrent_only ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
+    bool ok = context.state_import(blob_buffer_, lane, scope);
+    const auto used = static_cast<Pos>(hit.len);
+    if (ok && (recurrent_only || hit.len < hit.stored_len)) {
+        ok = context.seq_remove(lane, used, -1);  // the entry goes on past the prompt
+    }
+    event.import_ms = ms_since(t2);
+    if (!ok || context.seq_pos_max(lane) != used - 1) {
+        reason = ok ? "imported state has the wrong length" : "state import failed";
+        return false;
+    }
+    return true;
+}
+
+}  // namespace skippy::stage
