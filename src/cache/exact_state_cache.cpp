@@ -230,15 +230,15 @@ std::optional<ExactPeek> ExactStateCache::peek_longest(const NamespaceId& ns,
     return peek_locked(ns, query, match);
 }
 
-TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns,
-                                               std::span<const Token> query) const {
+TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns, std::span<const Token> query,
+                                               PrefixMatch match) const {
     std::unique_lock lock(mu_, std::try_to_lock);
     TryExactPeek out;
     if (!lock.owns_lock()) {
         out.busy = true;
         return out;
     }
-    out.hit = peek_locked(ns, query, PrefixMatch::Stored);
+    out.hit = peek_locked(ns, query, match);
     return out;
 }
 

@@ -150,7 +150,8 @@ class ExactStateCache final : public LeaseOwner {
                                             PrefixMatch match = PrefixMatch::Stored);
     std::optional<ExactPeek> peek_longest(const NamespaceId& ns, std::span<const Token> query,
                                           PrefixMatch match = PrefixMatch::Stored) const;
-    TryExactPeek try_peek_longest(const NamespaceId& ns, std::span<const Token> query) const;
+    TryExactPeek try_peek_longest(const NamespaceId& ns, std::span<const Token> query,
+                                  PrefixMatch match = PrefixMatch::Stored) const;
 
     // Bytes of a leased entry (MissingBlock if the lease is not from this cache).
     ReconstructResult reconstruct(const Lease& lease, bool verify = true) const;

@@ -15,7 +15,9 @@ namespace skippy::stage {
 
 namespace {
 
-// A wait pays off only for a prefix this much longer than what the request gets now.
+// A wait pays off only for a prefix this much longer than what the request gets now (a
+// request that shares a stored system prompt and a few template tokens with a busy lane
+// does not wait for that lane's next chunk).
 constexpr int32_t kPeerWaitMinTokens = 64;
 
 }  // namespace
@@ -88,27 +90,34 @@ bool PrefixCacheStage::waits_for_peer(const PromptInfo& prompt,
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    int32_t have = 0;  // what the request gets now: an idle lane's match
+    // What the request gets now (an idle lane's match, what a busy lane has prefilled of
+    // the shared head, which covers what the store gave it), and what a busy lane will have.
+    int32_t have = 0;
     int32_t coming = 0;
     for (const LaneState& lane : lanes_) {
         if (lane.busy) {
             const int32_t reach = busy_lane_reach(lane, ns, prompt.tokens, n - 1);
-            if (reach > lane.prefilled) {
-                coming = std::max(coming, reach);
-            } else {
-                have = std::max(have, reach);
-            }
+            coming = std::max(coming, reach);
+            have = std::max(have, std::min(reach, lane.prefilled));
         } else {
             have = std::max(have, lane_match(lane, ns, prompt));
         }
     }
-    // A request starting now may restore its prompt's head from the store instead: then
-    // this one loses one scheduler step.
+    // A request starting in this step will prefill the head it shares with this one, unless
+    // the store has it, in which case this request restores it too (the store is only
+    // peeked at when its lock is free: the scheduler holds the queue lock here).
+    int32_t shared_with_starting = 0;
     for (const auto& other : starting) {
-        coming = std::max(coming, common_prefix(other, prompt.tokens, n - 1));
+        shared_with_starting =
+            std::max(shared_with_starting, common_prefix(other, prompt.tokens, n - 1));
     }
-    // (A busy lane planned its prompt with the store's longest entry: what it has not
-    // prefilled yet, nothing stored had.)
+    if (shared_with_starting - have >= kPeerWaitMinTokens) {
+        const cache::TryExactPeek peek = exact_->try_peek_longest(
+            ns, prompt.tokens.first(static_cast<size_t>(shared_with_starting)), match_);
+        const int32_t stored = peek.hit ? static_cast<int32_t>(peek.hit->len) : 0;
+        have = std::max(have, stored);
+        coming = std::max(coming, shared_with_starting);
+    }
     return coming >= 2 * static_cast<int32_t>(policy_.min_tokens) &&
            coming - have >= kPeerWaitMinTokens;
 }

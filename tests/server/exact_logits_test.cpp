@@ -402,8 +402,9 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
     }
     const int32_t copied = std::max(got[0].stats.cached_tokens, got[1].stats.cached_tokens);
     if (arch_ == "llama") {
-        // The copy ends where the rule lets the second prompt restore the first one's body.
-        EXPECT_GE(copied, 400 - rule_.body_min);
+        // The second request waits until the first is within 64 tokens of the shared
+        // head's end, then copies what it has (the rule's limits are far below).
+        EXPECT_GE(copied, 400 - 64);
         EXPECT_LE(copied, 400);
     }
     std::printf("[exact] %s: shared head of 400 tokens, %d copied from the peer lane\n",
