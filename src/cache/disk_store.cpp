@@ -151,11 +151,27 @@ DiskSubmit DiskStore::probe_write(const NamespaceId& ns, std::span<const Token> 
 DiskSubmit DiskStore::submit_write(const NamespaceId& ns, std::span<const Token> tokens,
                                    PageId page, const PayloadDescriptor& descriptor,
                                    PayloadBytes bytes, std::vector<size_t> cuts) {
+    return submit_job(ns, tokens, page, descriptor, std::move(bytes), std::nullopt,
+                      std::move(cuts));
+}
+
+DiskSubmit DiskStore::submit_write(const NamespaceId& ns, std::span<const Token> tokens,
+                                   PageId page, const PayloadDescriptor& descriptor,
+                                   PayloadSnapshot snapshot, std::vector<size_t> cuts) {
+    return submit_job(ns, tokens, page, descriptor, PayloadBytes(), std::move(snapshot),
+                      std::move(cuts));
+}
+
+DiskSubmit DiskStore::submit_job(const NamespaceId& ns, std::span<const Token> tokens, PageId page,
+                                 const PayloadDescriptor& descriptor, PayloadBytes bytes,
+                                 std::optional<PayloadSnapshot> snapshot,
+                                 std::vector<size_t> cuts) {
+    const uint64_t size = snapshot ? snapshot->size() : bytes.size();
     const bool valid = !tokens.empty() && descriptor.token_end == tokens.size() &&
-                       !descriptor.validate_against(bytes.size()).has_value();
+                       !descriptor.validate_against(size).has_value();
     const Hash128 key = disk::entry_key(ns, tokens);
     std::lock_guard lock(mu_);
-    DiskSubmit s = admission_locked(ns, tokens, page, bytes.size(), &key);
+    DiskSubmit s = admission_locked(ns, tokens, page, size, &key);
     if (s == DiskSubmit::Queued && !valid) {
         s = DiskSubmit::Invalid;
     }
@@ -172,8 +188,9 @@ DiskSubmit DiskStore::submit_write(const NamespaceId& ns, std::span<const Token>
                  std::move(bytes),
                  std::move(cuts),
                  key,
-                 std::chrono::steady_clock::now()};
-    counters_.queued_bytes += job.bytes.size();
+                 std::chrono::steady_clock::now(),
+                 std::move(snapshot)};
+    counters_.queued_bytes += job.size();
     queue_.push_back(std::move(job));
     queued_keys_.insert(key);
     ++counters_.submitted;

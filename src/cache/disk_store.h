@@ -259,6 +259,12 @@ class DiskStore final : public LeaseOwner {
     DiskSubmit submit_write(const NamespaceId& ns, std::span<const Token> tokens, PageId page,
                             const PayloadDescriptor& descriptor, std::vector<uint8_t> bytes,
                             std::vector<size_t> cuts = {});
+    // The RAM tier's blocks of the payload, shared: the writer copies them into its own
+    // reused buffer when it writes, so a queued write holds no second copy of the payload
+    // (a fresh buffer per record costs page faults on the record worker's side).
+    DiskSubmit submit_write(const NamespaceId& ns, std::span<const Token> tokens, PageId page,
+                            const PayloadDescriptor& descriptor, PayloadSnapshot snapshot,
+                            std::vector<size_t> cuts = {});
     // What submit_write would answer now for a payload of `payload_bytes` (no side effect).
     DiskSubmit probe_write(const NamespaceId& ns, std::span<const Token> tokens, PageId page,
                            uint64_t payload_bytes) const;
@@ -294,6 +300,8 @@ class DiskStore final : public LeaseOwner {
     void set_foreground_busy(bool busy);
     static constexpr auto kMaxWriteDeferral = std::chrono::seconds(2);
     static constexpr size_t kMaxDeferredWrites = 8;
+    // The writer's reused payload buffer is kept up to this size.
+    static constexpr size_t kMaxKeptWriteBuffer = size_t{64} << 20;
     // Stops the writer (drain: finish queued writes first; else drop them) and unlocks
     // the folder. Reads and lookups keep answering from memory; submits answer Stopped.
     void close(bool drain = true);
@@ -326,10 +334,12 @@ class DiskStore final : public LeaseOwner {
         std::vector<Token> tokens;
         PageId page;
         PayloadDescriptor descriptor;
-        PayloadBytes bytes;
+        PayloadBytes bytes;  // (empty while `snapshot` holds the payload)
         std::vector<size_t> cuts;
         Hash128 key;
         std::chrono::steady_clock::time_point queued_at;
+        std::optional<PayloadSnapshot> snapshot;
+        uint64_t size() const { return snapshot ? snapshot->size() : bytes.size(); }
     };
     struct Record {
         uint64_t seq = 0;
@@ -356,6 +366,9 @@ class DiskStore final : public LeaseOwner {
     void run_write(WriteJob& job);
     bool write_files(const WriteJob& job, std::vector<Planned>& plan, uint64_t seq,
                      const std::vector<uint8_t>& manifest, int* err, const char** what);
+    DiskSubmit submit_job(const NamespaceId& ns, std::span<const Token> tokens, PageId page,
+                          const PayloadDescriptor& descriptor, PayloadBytes bytes,
+                          std::optional<PayloadSnapshot> snapshot, std::vector<size_t> cuts);
     bool make_room(uint64_t needed);
     void delete_dead();
     int step(DiskIoStep s) const;
@@ -390,6 +403,7 @@ class DiskStore final : public LeaseOwner {
     std::array<disk::Fd, 256> sub_dirs_;
 
     mutable std::mutex mu_;
+    std::vector<uint8_t> write_buffer_;  // the writer thread's: queued snapshots land here
     std::condition_variable work_cv_;
     mutable std::condition_variable idle_cv_;
     RadixIndex index_;

@@ -123,6 +123,7 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         if (rec.page == page) {
             index_.touch(*existing);
             result.status = ExactInsertStatus::AlreadyPresent;
+            result.snapshot = store_.snapshot(rec.payload);
             return result;
         }
         if (index_.info(*existing)->leases > 0) {
@@ -179,6 +180,7 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         return result;
     }
     ++counters_.inserts;
+    result.snapshot = store_.snapshot(records_.at(placed.entry).payload);
     return result;
 }
 

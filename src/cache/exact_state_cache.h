@@ -82,6 +82,9 @@ struct ExactInsertResult {
     std::string invalid_reason;  // for InvalidDescriptor
     InsertReport blocks;         // dedupe/hash report of the stored payload
     std::vector<PageId> evicted;
+    // The stored payload's blocks (stored, or already present with the same page): a disk
+    // write shares them instead of holding a copy.
+    std::optional<PayloadSnapshot> snapshot;
     bool stored() const {
         return status == ExactInsertStatus::Inserted || status == ExactInsertStatus::Replaced;
     }

@@ -181,11 +181,18 @@ size_t InferenceContext::state_size(SeqId seq, StateScope scope) const {
 }
 
 std::vector<uint8_t> InferenceContext::state_export(SeqId seq, StateScope scope) const {
-    std::vector<uint8_t> bytes(state_size(seq, scope));
-    const size_t written =
-        llama_state_seq_get_data_ext(ctx_, bytes.data(), bytes.size(), seq, to_flags(scope));
-    bytes.resize(written);
+    std::vector<uint8_t> bytes;
+    state_export_into(seq, scope, bytes);
     return bytes;
+}
+
+bool InferenceContext::state_export_into(SeqId seq, StateScope scope,
+                                         std::vector<uint8_t>& out) const {
+    out.resize(state_size(seq, scope));
+    const size_t written =
+        llama_state_seq_get_data_ext(ctx_, out.data(), out.size(), seq, to_flags(scope));
+    out.resize(written);
+    return written > 0;
 }
 
 bool InferenceContext::state_import(std::span<const uint8_t> bytes, SeqId seq, StateScope scope) {

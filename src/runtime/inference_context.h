@@ -88,6 +88,9 @@ class InferenceContext {
     // ---- per-sequence state ----
     size_t state_size(SeqId seq, StateScope scope) const;
     std::vector<uint8_t> state_export(SeqId seq, StateScope scope) const;
+    // The same into `out` (resized to the state; a buffer used before keeps its pages, so
+    // the copy does not page-fault). False if llama.cpp wrote nothing.
+    bool state_export_into(SeqId seq, StateScope scope, std::vector<uint8_t>& out) const;
     // Returns false if llama.cpp rejected the bytes (the sequence is cleared then).
     bool state_import(std::span<const uint8_t> bytes, SeqId seq, StateScope scope);
 

@@ -447,8 +447,10 @@ uint64_t llama_state_format_fingerprint() {
 }
 
 EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens,
-                               uint32_t held_tokens) {
+                               uint32_t held_tokens, std::vector<uint8_t> storage) {
     EncodedKvPages out;
+    out.bytes = std::move(storage);
+    out.bytes.clear();
     Writer w(out.bytes);
     if (attention.empty()) {
         out.mode = KvPagesMode::Empty;

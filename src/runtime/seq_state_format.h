@@ -85,8 +85,9 @@ struct EncodedKvPages {
 // supported layout but does not hold exactly positions 0..n_tokens-1.
 // `held_tokens` (0 = n_tokens): the section holds positions 0..held_tokens-1 and only the
 // first `n_tokens` of them are paged (a prefix of a lane, recorded from one export).
+// `storage`: a buffer to write the pages into (its capacity is reused, its bytes dropped).
 EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_tokens,
-                               uint32_t held_tokens = 0);
+                               uint32_t held_tokens = 0, std::vector<uint8_t> storage = {});
 
 struct KvPagesInfo {
     KvPagesMode mode = KvPagesMode::Empty;

@@ -22,19 +22,20 @@ struct ReleaseGuard {
 
 // The payload of the first item.n tokens of a captured lane.
 EncodedPayload encode_item(const CapturedState& captured, const LaneRecordItem& item,
-                           const PayloadLayout& layout) {
+                           const PayloadLayout& layout, std::vector<uint8_t> storage) {
     if (layout.kind == cache::PayloadKind::FullState) {
         if (item.n != static_cast<int32_t>(captured.n_tokens)) {
             throw std::runtime_error("a full state exists only for the lane's own end");
         }
-        return encode_payload(captured, layout);
+        return encode_payload(captured, layout, std::move(storage));
     }
     const auto body = runtime::seq_state_body(captured.blob);
     const size_t attention_bytes = body.size() - captured.recurrent_bytes;
     EncodedPayload encoded;
     auto& d = encoded.descriptor;
-    runtime::EncodedKvPages pages = runtime::encode_kv_pages(
-        body.first(attention_bytes), static_cast<uint32_t>(item.n), captured.n_tokens);
+    runtime::EncodedKvPages pages =
+        runtime::encode_kv_pages(body.first(attention_bytes), static_cast<uint32_t>(item.n),
+                                 captured.n_tokens, std::move(storage));
     encoded.bytes = std::move(pages.bytes);
     encoded.cuts = std::move(pages.cuts);
     d.kind = layout.kind;
@@ -63,11 +64,12 @@ EncodedPayload encode_item(const CapturedState& captured, const LaneRecordItem& 
 std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateCache& exact,
                                            cache::DiskStore* disk, CacheTelemetry& telemetry,
                                            const PayloadLayout& layout,
+                                           std::shared_ptr<BufferPool> buffers,
                                            std::function<void()> on_release) {
     auto shared = std::make_shared<LaneRecord>(std::move(record));
     auto guard = std::make_shared<ReleaseGuard>();  // built in place: it must run fn once
     guard->fn = std::move(on_release);
-    return [shared, guard, &exact, disk, &telemetry, layout]() -> bool {
+    return [shared, guard, &exact, disk, &telemetry, layout, buffers]() -> bool {
         bool all_ok = true;
         for (const LaneRecordItem& item : shared->items) {
             RecordEvent done;
@@ -75,7 +77,9 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
             done.tokens = item.n;
             done.page_id = item.page.str();
             try {
-                EncodedPayload encoded = encode_item(*shared->captured, item, layout);
+                EncodedPayload encoded =
+                    encode_item(*shared->captured, item, layout,
+                                buffers ? buffers->take_empty() : std::vector<uint8_t>());
                 const auto key = std::span<const cache::Token>(shared->tokens)
                                      .first(static_cast<size_t>(item.n));
                 const cache::ExactInsertResult r = exact.insert(
@@ -89,10 +93,14 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                     done.reason = cache::to_string(r.status);
                     all_ok = false;
                 }
-                if (disk != nullptr &&
-                    (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent)) {
+                if (disk != nullptr && r.snapshot) {
+                    // The disk tier writes from the RAM tier's blocks: the encoded bytes are
+                    // freed now, so the next record reuses their (already faulted) memory.
                     disk->submit_write(shared->ns, key, item.page, encoded.descriptor,
-                                       std::move(encoded.bytes), std::move(encoded.cuts));
+                                       std::move(*r.snapshot), std::move(encoded.cuts));
+                }
+                if (buffers) {
+                    buffers->give(std::move(encoded.bytes));  // (stored as blocks, or dropped)
                 }
                 done.new_blocks = r.blocks.new_blocks;
                 done.reused_blocks = r.blocks.reused_blocks;
@@ -107,6 +115,9 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                 done.entries = stats->entries;
             }
             telemetry.record(done);
+        }
+        if (buffers) {
+            buffers->give(std::move(shared->captured->blob));  // for the next capture
         }
         return all_ok;
     };

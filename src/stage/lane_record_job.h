@@ -20,6 +20,7 @@
 #include "cache/page_id.h"
 #include "cache/record_queue.h"
 #include "cache/token.h"
+#include "stage/buffer_pool.h"
 #include "stage/cache_telemetry.h"
 #include "stage/state_payload.h"
 
@@ -34,16 +35,18 @@ struct LaneRecordItem {
 
 struct LaneRecord {
     cache::NamespaceId ns;
-    std::shared_ptr<const CapturedState> captured;
+    std::shared_ptr<CapturedState> captured;  // (its blob goes back to `buffers` after the run)
     std::vector<LaneRecordItem> items;
     std::vector<cache::Token> tokens;  // the lane's prefilled tokens (each item a prefix)
 };
 
 // `disk` (may be null): every stored payload is also queued for the disk tier (its own
-// bounded writer; write-through, so what a restart finds is what RAM held).
+// bounded writer; write-through, so what a restart finds is what RAM held). `buffers` (may be
+// null): where the capture and the encoded payloads are recycled.
 std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateCache& exact,
                                            cache::DiskStore* disk, CacheTelemetry& telemetry,
                                            const PayloadLayout& layout,
+                                           std::shared_ptr<BufferPool> buffers,
                                            std::function<void()> on_release);
 
 }  // namespace skippy::stage

@@ -71,10 +71,14 @@ bool PrefixCacheStage::copy_from_peer(runtime::InferenceContext& context, SeqId 
                                       const PeerMatch& peer, LookupEvent& event) {
     const auto t0 = std::chrono::steady_clock::now();
     context.seq_clear(lane);
-    const std::vector<uint8_t> blob = context.state_export(peer.lane, runtime::StateScope::Full);
-    const bool ok = !blob.empty() && context.state_import(blob, lane, runtime::StateScope::Full) &&
+    // Through a recycled buffer: a fresh one would page-fault on this thread (~2.5 ms/MiB).
+    std::vector<uint8_t> blob =
+        buffers_->take(context.state_size(peer.lane, runtime::StateScope::Full));
+    const bool exported = context.state_export_into(peer.lane, runtime::StateScope::Full, blob);
+    const bool ok = exported && context.state_import(blob, lane, runtime::StateScope::Full) &&
                     context.seq_remove(lane, static_cast<Pos>(peer.tokens), -1) &&
                     context.seq_pos_max(lane) == static_cast<Pos>(peer.tokens) - 1;
+    buffers_->give(std::move(blob));
     event.import_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!ok) {

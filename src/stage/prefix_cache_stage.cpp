@@ -61,6 +61,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     // an eighth of it, the stored entries the rest.
     queue_budget_bytes_ = config.max_bytes / 8;
     queued_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
+    buffers_ = std::make_shared<BufferPool>(queue_budget_bytes_ / 2, 8);
     cache::ExactStateCacheOptions options;
     options.limits.max_entries = config.max_entries;
     options.limits.max_physical_bytes = config.max_bytes - queue_budget_bytes_;
@@ -405,6 +406,18 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     return plan;
 }
 
+std::shared_ptr<const std::vector<uint8_t>> PrefixCacheStage::export_recurrent(
+    runtime::InferenceContext& context, SeqId lane) {
+    const auto scope =
+        layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
+    std::vector<uint8_t> blob = buffers_->take(context.state_size(lane, scope));
+    if (!context.state_export_into(lane, scope, blob)) {
+        buffers_->give(std::move(blob));
+        return nullptr;
+    }
+    return buffers_->share(std::move(blob));  // back to the pool when the last owner drops it
+}
+
 void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane,
                                   const PromptInfo& prompt, int32_t n_tokens) {
     if (!layout_.has_recurrent || !records_enabled(prompt)) {
@@ -412,11 +425,8 @@ void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane
     }
     // Only the recurrent state is copied here (small); the attention KV of these tokens does
     // not change while the lane goes on, so it is taken from the lane's export at release.
-    auto blob = context.state_export(
-        lane, layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full);
-    if (!blob.empty()) {
-        lanes_[static_cast<size_t>(lane)].checkpoints.push_back(
-            {n_tokens, std::make_shared<const std::vector<uint8_t>>(std::move(blob))});
+    if (auto blob = export_recurrent(context, lane)) {
+        lanes_[static_cast<size_t>(lane)].checkpoints.push_back({n_tokens, std::move(blob)});
     }
 }
 
@@ -512,13 +522,8 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     std::vector<int32_t> positions;
     if (layout_.has_recurrent) {
         if (turn_end && state.recurrent_at == static_cast<int32_t>(canonical.size())) {
-            auto blob =
-                context.state_export(lane, layout_.has_attention ? runtime::StateScope::PartialOnly
-                                                                 : runtime::StateScope::Full);
-            if (!blob.empty()) {
-                state.checkpoints.push_back(
-                    {state.recurrent_at,
-                     std::make_shared<const std::vector<uint8_t>>(std::move(blob))});
+            if (auto blob = export_recurrent(context, lane)) {
+                state.checkpoints.push_back({state.recurrent_at, std::move(blob)});
             }
         }
         for (const auto& c : state.checkpoints) {
@@ -661,7 +666,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
         return;
     }
     const size_t estimate = context.state_size(lane, runtime::StateScope::Full);
-    if (queued_bytes_->load() + estimate > queue_budget_bytes_) {
+    if (queued_bytes_->load() + buffers_->idle_bytes() + estimate > queue_budget_bytes_) {
         event.decision = "dropped_full";
         event.reason = "queued captures at their byte budget";
         telemetry_->record(event);
@@ -672,7 +677,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     auto captured = std::make_shared<CapturedState>();
     try {
         const auto held = static_cast<uint32_t>(context.seq_pos_max(lane) + 1);
-        *captured = capture_state(context, lane, held, layout_);
+        *captured = capture_state(context, lane, held, layout_, buffers_->take(estimate));
     } catch (const std::exception& e) {
         event.decision = "failed";
         event.reason = e.what();
@@ -681,7 +686,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     }
     event.export_ms = ms_since(t0);
     event.bytes = captured->blob.size();
-    const uint64_t charged = captured->blob.size();
+    const uint64_t charged = captured->blob.capacity();
     queued_bytes_->fetch_add(charged);
     LaneRecord record;
     record.ns = ns;
@@ -690,6 +695,7 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     record.tokens = state.tokens;
     auto queued_bytes = queued_bytes_;
     auto run = make_lane_record_job(std::move(record), *exact_, disk_.get(), *telemetry_, layout_,
+                                    buffers_,
                                     [queued_bytes, charged] { queued_bytes->fetch_sub(charged); });
     // (the release runs when the job is destroyed: after it ran, or when it was dropped)
     const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});

@@ -41,6 +41,7 @@
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
 #include "runtime/model.h"
+#include "stage/buffer_pool.h"
 #include "stage/cache_config.h"
 #include "stage/cache_telemetry.h"
 #include "stage/stage_backend.h"
@@ -94,6 +95,10 @@ class PrefixCacheStage final : public StageBackend {
     void debug_forget_lanes();
 
   private:
+    // The lane's recurrent state (partial-only export; all of it without attention), in a
+    // recycled buffer. Null if llama.cpp wrote nothing.
+    std::shared_ptr<const std::vector<uint8_t>> export_recurrent(runtime::InferenceContext& context,
+                                                                 SeqId lane);
     struct Checkpoint {
         int32_t n_tokens = 0;
         // Partial-only export at n_tokens (hybrid/recurrent), shared with the record job.
@@ -188,6 +193,9 @@ class PrefixCacheStage final : public StageBackend {
     std::vector<uint8_t> blob_buffer_;    // decoded llama.cpp blob, reused across restores
     // Bytes of captured states waiting in the record queue (they count against the budget).
     std::shared_ptr<std::atomic<uint64_t>> queued_bytes_;
+    // Recycled state buffers (captures, checkpoints, encoded payloads, peer copies); its idle
+    // bytes count against the queue's share of the budget.
+    std::shared_ptr<BufferPool> buffers_;
     uint64_t queue_budget_bytes_ = 0;
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
     std::atomic<size_t> lanes_pending_{0};

@@ -10,11 +10,12 @@ namespace skippy::stage {
 using runtime::StateScope;
 
 CapturedState capture_state(const runtime::InferenceContext& context, runtime::SeqId lane,
-                            uint32_t n_tokens, const PayloadLayout& layout) {
+                            uint32_t n_tokens, const PayloadLayout& layout,
+                            std::vector<uint8_t> storage) {
     CapturedState out;
     out.n_tokens = n_tokens;
-    out.blob = context.state_export(lane, StateScope::Full);
-    if (out.blob.empty()) {
+    out.blob = std::move(storage);
+    if (!context.state_export_into(lane, StateScope::Full, out.blob)) {
         throw std::runtime_error("state export returned no bytes");
     }
     const size_t body = runtime::seq_state_body(out.blob).size();
@@ -35,8 +36,11 @@ CapturedState capture_state(const runtime::InferenceContext& context, runtime::S
     return out;
 }
 
-EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& layout) {
+EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& layout,
+                              std::vector<uint8_t> storage) {
     EncodedPayload out;
+    out.bytes = std::move(storage);
+    out.bytes.clear();
     const std::span<const uint8_t> raw = runtime::seq_state_body(state.blob);
     auto& d = out.descriptor;
     d.kind = layout.kind;
@@ -54,8 +58,8 @@ EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& l
     if (state.recurrent_bytes > raw.size()) {
         throw std::runtime_error("state layout not understood: recurrent section too large");
     }
-    runtime::EncodedKvPages pages =
-        runtime::encode_kv_pages(raw.first(raw.size() - state.recurrent_bytes), state.n_tokens);
+    runtime::EncodedKvPages pages = runtime::encode_kv_pages(
+        raw.first(raw.size() - state.recurrent_bytes), state.n_tokens, 0, std::move(out.bytes));
     out.bytes = std::move(pages.bytes);
     d.kv_bytes = out.bytes.size();
     d.recurrent_bytes = state.recurrent_bytes;

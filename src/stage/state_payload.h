@@ -50,8 +50,10 @@ struct CapturedState {
 };
 
 // Scheduler thread. Throws std::runtime_error if the export is empty or inconsistent.
+// `storage`: the buffer to export into (a recycled one does not page-fault).
 CapturedState capture_state(const runtime::InferenceContext& context, runtime::SeqId lane,
-                            uint32_t n_tokens, const PayloadLayout& layout);
+                            uint32_t n_tokens, const PayloadLayout& layout,
+                            std::vector<uint8_t> storage = {});
 
 struct EncodedPayload {
     std::vector<uint8_t> bytes;
@@ -60,7 +62,9 @@ struct EncodedPayload {
 };
 
 // Any thread. Throws std::runtime_error when the captured layout is not understood.
-EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& layout);
+// `storage`: a buffer for the payload bytes (its capacity is reused, its bytes dropped).
+EncodedPayload encode_payload(const CapturedState& state, const PayloadLayout& layout,
+                              std::vector<uint8_t> storage = {});
 
 enum class PayloadPart {
     Full,           // the whole state: import with StateScope::Full
