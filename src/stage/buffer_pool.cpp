@@ -17,23 +17,23 @@ std::vector<uint8_t> BufferPool::take(size_t size) {
     {
         std::lock_guard lock(mu_);
         size_t best = idle_.size();
-        size_t largest = idle_.size();
         for (size_t i = 0; i < idle_.size(); ++i) {
             const size_t cap = idle_[i].capacity();
             if (cap >= size && (best == idle_.size() || cap < idle_[best].capacity())) {
                 best = i;
             }
-            if (largest == idle_.size() || cap > idle_[largest].capacity()) {
-                largest = i;
-            }
         }
         if (best != idle_.size()) {
             out = take_locked(best);
-        } else if (largest != idle_.size()) {
-            out = take_locked(largest);
         }
     }
-    // Shrinking keeps the capacity; only the part beyond the old size is written here.
+    if (out.capacity() < size) {
+        // None fits: a new one with a quarter of headroom, so that a state that grows a little
+        // (the next turn of a conversation) fits it next time. (Growing an old one would copy
+        // bytes that are about to be overwritten.)
+        out.reserve(size + size / 4);
+    }
+    // Within the capacity: only the part beyond the old size is written here.
     out.resize(size);
     return out;
 }

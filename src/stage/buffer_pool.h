@@ -34,7 +34,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
         : max_idle_bytes_(max_idle_bytes), max_buffers_(max_buffers) {}
 
     // A buffer of exactly `size` bytes (contents unspecified): the smallest idle one whose
-    // capacity fits, else the largest idle one grown, else a new one.
+    // capacity fits, else a new one with a quarter of headroom.
     std::vector<uint8_t> take(size_t size);
     // An empty buffer (size 0) with the largest idle capacity, for appending.
     std::vector<uint8_t> take_empty();

@@ -24,8 +24,12 @@ TEST(BufferPool, TakeReusesTheSmallestIdleBufferThatFits) {
     std::vector<uint8_t> b = pool->take(3000);
     EXPECT_EQ(b.data(), big_data);
     EXPECT_EQ(pool->idle_bytes(), 0u);
-    std::vector<uint8_t> c = pool->take(10);  // nothing idle: a new buffer
-    EXPECT_EQ(c.size(), 10u);
+    std::vector<uint8_t> c = pool->take(1000);  // nothing idle: a new buffer, with headroom
+    EXPECT_EQ(c.size(), 1000u);
+    EXPECT_GE(c.capacity(), 1250u);
+    const uint8_t* c_data = c.data();
+    pool->give(std::move(c));
+    EXPECT_EQ(pool->take(1200).data(), c_data);  // a state grown a little fits it
 }
 
 TEST(BufferPool, TakeEmptyGivesTheLargestCapacityForAppending) {
