@@ -360,6 +360,20 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     if (checkpoints) {
         // The recurrent state is only ever available where the prefill pauses.
         recorded = record_positions(prompt, restored, prompt.turn_end_follows);
+        // The head this prompt shares with another lane's (running or held): prompts seen to
+        // share a head are likely to share it again, and a model with recurrent state can
+        // restore only where a checkpoint was taken, so the state there is recorded too.
+        // (Only when it saves at least min_tokens over the nearest state below it: two chat
+        // prompts share their system prompt and the next message's opening tokens.)
+        const int32_t head = shared_head(lane, ns, prompt.tokens);
+        int32_t below = restored;
+        for (int32_t r : recorded) {
+            below = r <= head ? std::max(below, r) : below;
+        }
+        const auto min_gain = static_cast<int32_t>(policy_.min_tokens);
+        if (head <= b && head >= min_gain && head - below >= min_gain) {
+            recorded.insert(std::upper_bound(recorded.begin(), recorded.end(), head), head);
+        }
         pauses = recorded;
         if (b < n && b > restored) {
             pauses.push_back(b);  // where the end of the turn restarts (begin_turn_end)
@@ -404,6 +418,21 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
         }
     }
     return plan;
+}
+
+int32_t PrefixCacheStage::shared_head(SeqId lane, const cache::NamespaceId& ns,
+                                      std::span<const Token> tokens) const {
+    int32_t head = 0;
+    const auto n = static_cast<int32_t>(tokens.size());
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+        const LaneState& other = lanes_[i];
+        if (static_cast<SeqId>(i) == lane || !other.has_ns || !(other.ns == ns)) {
+            continue;
+        }
+        const std::vector<Token>& theirs = other.busy ? other.prompt : other.tokens;
+        head = std::max(head, common_prefix(theirs, tokens, n));
+    }
+    return head;
 }
 
 std::shared_ptr<const std::vector<uint8_t>> PrefixCacheStage::export_recurrent(

@@ -95,6 +95,9 @@ class PrefixCacheStage final : public StageBackend {
     void debug_forget_lanes();
 
   private:
+    // The longest head `tokens` shares with what another lane runs or holds (same namespace).
+    int32_t shared_head(SeqId lane, const cache::NamespaceId& ns,
+                        std::span<const Token> tokens) const;
     // The lane's recurrent state (partial-only export; all of it without attention), in a
     // recycled buffer. Null if llama.cpp wrote nothing.
     std::shared_ptr<const std::vector<uint8_t>> export_recurrent(runtime::InferenceContext& context,
