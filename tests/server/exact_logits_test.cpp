@@ -412,6 +412,24 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
     wait_recorded(*on_, *stage_);
 }
 
+TEST_P(ExactLogitsTest, AHeadSharedByConcurrentRequestsIsRecordedForTheNextOne) {
+    // Two requests run at once with a 200-token head in common and nothing cached: the
+    // second records the state at the end of that head (hybrid/recurrent models restore
+    // only where state was recorded), so a third prompt with the same head, on a lane that
+    // holds nothing, restores exactly the head, with the cold logits.
+    std::mt19937 rng(59);
+    const auto prompts = shared_head_prompts(rng, 200, {100, 120, 90});
+    run_concurrently(*on_, {prompts[0], prompts[1]}, 2);
+    wait_recorded(*on_, *stage_);
+    stage_->debug_forget_lanes();
+    const Result r = check(prompts[2], "third prompt with the shared head");
+    if (arch_ != "llama") {
+        EXPECT_EQ(r.stats.cached_tokens, 200);
+    } else {
+        EXPECT_GE(r.stats.cached_tokens, 200 - rule_.body_min);  // (any prefix of an entry)
+    }
+}
+
 TEST_P(ExactLogitsTest, AChatTurnWhoseEndNeverRanRestoresThePreviousPrompt) {
     // One lane, two conversations taking turns at once: the end of X's first turn never
     // runs (Y takes the lane first), so X's second turn restores X's first prompt (its body
