@@ -12,7 +12,7 @@ std::vector<uint8_t> BufferPool::take_locked(size_t index) {
     return out;
 }
 
-std::vector<uint8_t> BufferPool::take(size_t size) {
+std::vector<uint8_t> BufferPool::take(size_t size, size_t max_new_capacity) {
     std::vector<uint8_t> out;
     {
         std::lock_guard lock(mu_);
@@ -31,7 +31,7 @@ std::vector<uint8_t> BufferPool::take(size_t size) {
         // None fits: a new one with a quarter of headroom, so that a state that grows a little
         // (the next turn of a conversation) fits it next time. (Growing an old one would copy
         // bytes that are about to be overwritten.)
-        out.reserve(size + size / 4);
+        out.reserve(std::max(size, std::min(size + size / 4, max_new_capacity)));
     }
     // Within the capacity: only the part beyond the old size is written here.
     out.resize(size);
@@ -60,19 +60,31 @@ void BufferPool::give(std::vector<uint8_t>&& buffer) {
     if (buffer.capacity() == 0 || buffer.capacity() > max_idle_bytes_) {
         return;  // (freed by the caller's moved-from vector going out of scope)
     }
-    std::vector<uint8_t> dropped;
     std::lock_guard lock(mu_);
     idle_bytes_.fetch_add(buffer.capacity(), std::memory_order_relaxed);
     idle_.push_back(std::move(buffer));
     // Over a bound: drop the smallest idle buffers (the large ones are the costly ones).
-    while (idle_.size() > max_buffers_ ||
-           idle_bytes_.load(std::memory_order_relaxed) > max_idle_bytes_) {
-        const auto smallest = std::min_element(
-            idle_.begin(), idle_.end(),
-            [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
-        idle_bytes_.fetch_sub(smallest->capacity(), std::memory_order_relaxed);
-        idle_.erase(smallest);
+    while (idle_.size() > max_buffers_) {
+        drop_smallest_locked();
     }
+    while (idle_bytes_.load(std::memory_order_relaxed) > max_idle_bytes_) {
+        drop_smallest_locked();
+    }
+}
+
+void BufferPool::trim_idle(size_t max_idle) {
+    std::lock_guard lock(mu_);
+    while (!idle_.empty() && idle_bytes_.load(std::memory_order_relaxed) > max_idle) {
+        drop_smallest_locked();
+    }
+}
+
+void BufferPool::drop_smallest_locked() {
+    const auto smallest =
+        std::min_element(idle_.begin(), idle_.end(),
+                         [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+    idle_bytes_.fetch_sub(smallest->capacity(), std::memory_order_relaxed);
+    idle_.erase(smallest);
 }
 
 std::shared_ptr<const std::vector<uint8_t>> BufferPool::share(std::vector<uint8_t>&& buffer) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -34,11 +35,13 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
         : max_idle_bytes_(max_idle_bytes), max_buffers_(max_buffers) {}
 
     // A buffer of exactly `size` bytes (contents unspecified): the smallest idle one whose
-    // capacity fits, else a new one with a quarter of headroom.
-    std::vector<uint8_t> take(size_t size);
+    // capacity fits, else a new one with a quarter of headroom (at most `max_new_capacity`).
+    std::vector<uint8_t> take(size_t size, size_t max_new_capacity = SIZE_MAX);
     // An empty buffer (size 0) with the largest idle capacity, for appending.
     std::vector<uint8_t> take_empty();
     void give(std::vector<uint8_t>&& buffer);
+    // Frees idle buffers, the smallest first, until at most `max_idle` bytes are idle.
+    void trim_idle(size_t max_idle);
     // The buffer behind a shared_ptr that gives it back to this pool when the last owner
     // drops it.
     std::shared_ptr<const std::vector<uint8_t>> share(std::vector<uint8_t>&& buffer);
@@ -47,6 +50,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
   private:
     std::vector<uint8_t> take_locked(size_t index);
+    void drop_smallest_locked();
 
     const size_t max_idle_bytes_;
     const size_t max_buffers_;

@@ -695,18 +695,23 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
         return;
     }
     const size_t estimate = context.state_size(lane, runtime::StateScope::Full);
-    if (queued_bytes_->load() + buffers_->idle_bytes() + estimate > queue_budget_bytes_) {
+    const uint64_t queued = queued_bytes_->load();
+    if (queued + estimate > queue_budget_bytes_) {
         event.decision = "dropped_full";
         event.reason = "queued captures at their byte budget";
         telemetry_->record(event);
         return;
     }
+    // Recycled buffers count against the same budget and give way to a capture.
+    buffers_->trim_idle(queue_budget_bytes_ - queued - estimate);
+    std::vector<uint8_t> storage =
+        buffers_->take(estimate, queue_budget_bytes_ - queued - buffers_->idle_bytes());
     // The one copy on the scheduler thread: the lane's state as llama.cpp exports it.
     const auto t0 = Clock::now();
     auto captured = std::make_shared<CapturedState>();
     try {
         const auto held = static_cast<uint32_t>(context.seq_pos_max(lane) + 1);
-        *captured = capture_state(context, lane, held, layout_, buffers_->take(estimate));
+        *captured = capture_state(context, lane, held, layout_, std::move(storage));
     } catch (const std::exception& e) {
         event.decision = "failed";
         event.reason = e.what();

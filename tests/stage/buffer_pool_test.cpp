@@ -58,6 +58,19 @@ TEST(BufferPool, BoundsDropTheSmallestIdleBuffers) {
     EXPECT_EQ(pool->take(8000).capacity(), 9000u);
 }
 
+TEST(BufferPool, TrimIdleAndCappedHeadroom) {
+    auto pool = std::make_shared<BufferPool>(1 << 20, 8);
+    pool->give(std::vector<uint8_t>(1000));
+    pool->give(std::vector<uint8_t>(3000));
+    pool->give(std::vector<uint8_t>(2000));
+    pool->trim_idle(4000);  // the smallest go first: 1000, then 2000
+    EXPECT_EQ(pool->idle_bytes(), 3000u);
+    pool->trim_idle(0);
+    EXPECT_EQ(pool->idle_bytes(), 0u);
+    EXPECT_EQ(pool->take(1000, 1100).capacity(), 1100u);  // headroom within the cap
+    EXPECT_GE(pool->take(1000, 10).capacity(), 1000u);    // never below the size
+}
+
 TEST(BufferPool, SharedBufferReturnsWhenTheLastOwnerDrops) {
     auto pool = std::make_shared<BufferPool>(1 << 20, 4);
     std::vector<uint8_t> buf(512, 9);
