@@ -360,12 +360,14 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     if (checkpoints) {
         // The recurrent state is only ever available where the prefill pauses.
         recorded = record_positions(prompt, restored, prompt.turn_end_follows);
-        // The head this prompt shares with another lane's (running or held): prompts seen to
-        // share a head are likely to share it again, and a model with recurrent state can
-        // restore only where a checkpoint was taken, so the state there is recorded too.
-        // (Only when it saves at least min_tokens over the nearest state below it: two chat
-        // prompts share their system prompt and the next message's opening tokens.)
-        const int32_t head = shared_head(lane, ns, prompt.tokens);
+        // The head this prompt shares with another lane's (running or held), or with what
+        // this lane held before it (the same head sent again after the other request ended
+        // reuses that lane in place): prompts seen to share a head are likely to share it
+        // again, and a model with recurrent state can restore only where a checkpoint was
+        // taken, so the state there is recorded too. (Only when it saves at least min_tokens
+        // over the nearest state below it: two chat prompts share their system prompt and
+        // the next message's opening tokens.)
+        const int32_t head = std::max(held_common, shared_head(lane, ns, prompt.tokens));
         int32_t below = restored;
         for (int32_t r : recorded) {
             below = r <= head ? std::max(below, r) : below;

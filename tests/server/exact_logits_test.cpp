@@ -430,6 +430,27 @@ TEST_P(ExactLogitsTest, AHeadSharedByConcurrentRequestsIsRecordedForTheNextOne) 
     }
 }
 
+TEST_P(ExactLogitsTest, AHeadSharedByConsecutiveRequestsIsRecordedForTheNextOne) {
+    // The same as above, one request after the other, with an unrelated prompt on the
+    // other lane in between: the second runs on the first one's lane (its state, or the
+    // least recently used lane), where no other lane holds the head, and still records
+    // the head it shares with what that lane held. (Under load the concurrent case above
+    // can run this way too: the first request ends before the second is admitted.)
+    std::mt19937 rng(61);
+    const auto prompts = shared_head_prompts(rng, 200, {100, 120, 90});
+    run(*on_, prompts[0], 2);
+    run(*on_, random_tokens(rng, 150), 2);
+    run(*on_, prompts[1], 2);
+    wait_recorded(*on_, *stage_);
+    stage_->debug_forget_lanes();
+    const Result r = check(prompts[2], "third prompt with the shared head");
+    if (arch_ != "llama") {
+        EXPECT_EQ(r.stats.cached_tokens, 200);
+    } else {
+        EXPECT_GE(r.stats.cached_tokens, 200 - rule_.body_min);
+    }
+}
+
 TEST_P(ExactLogitsTest, AChatTurnWhoseEndNeverRanRestoresThePreviousPrompt) {
     // One lane, two conversations taking turns at once: the end of X's first turn never
     // runs (Y takes the lane first), so X's second turn restores X's first prompt (its body
