@@ -663,9 +663,11 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
         event.payload = cache::to_string(layout_.kind);
         event.tokens = p;
         event.page_id = page.str();
-        const cache::Presence presence = exact_->try_contains(ns, tokens, page);
-        if (presence != cache::Presence::Absent) {
-            event.decision = presence == cache::Presence::Present ? "already_present" : "busy";
+        // (Unknown: the store is busy, e.g. the record worker inserting another lane's
+        // records flushed in the same idle step. The record goes ahead; the worker finds an
+        // entry that is already there and drops the copy. Skipping it lost the record.)
+        if (exact_->try_contains(ns, tokens, page) == cache::Presence::Present) {
+            event.decision = "already_present";
             telemetry_->record(event);
             continue;
         }
