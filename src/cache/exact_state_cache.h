@@ -15,7 +15,8 @@
 //   }                                                              // lease released here
 //
 //   // request path: never wait for the cache
-//   if (cache.try_contains(ns, prefix, page) == Presence::Absent) { export + submit }
+//   if (cache.try_contains(ns, prefix, page) != Presence::Present) { export + submit }
+//   // (Unknown: the lock was busy; the record worker's insert dedupes: AlreadyPresent)
 //
 // Thread safety: every public member takes one internal std::mutex. It is held for index
 // and block-table work and for copying/comparing the bytes of an insert's blocks; payload
@@ -61,7 +62,7 @@ struct ExactStateCacheOptions {
 };
 
 // Answer of a non-blocking question.
-enum class Presence : uint8_t { Present, Absent, Unknown /* cache busy: skip, don't wait */ };
+enum class Presence : uint8_t { Present, Absent, Unknown /* cache busy: not known, don't wait */ };
 const char* to_string(Presence presence);
 
 enum class ExactInsertStatus : uint8_t {
