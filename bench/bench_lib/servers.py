@@ -324,6 +324,7 @@ class Timed:
     server_ttft_ms: float = None  # skippy.ttft_ms, or llama-server timings.prompt_ms
     cache_decision: str = None   # skippy.cache
     cache_tier: str = None       # skippy.cache_tier: lane / ram / disk / none
+    restore_ms: float = None     # skippy.restore_ms: lane choice, lookup and restore
     llama_cache_n: int = None    # llama-server timings.cache_n
     chunks: int = 0
     # llama-server rejected its own output (its chat parser fails when a random-weight model's
@@ -417,6 +418,8 @@ def _read_stats(chunk, out):
     if skippy:
         out.cache_decision = skippy.get("cache", out.cache_decision)
         out.cache_tier = skippy.get("cache_tier", out.cache_tier)
+        if skippy.get("restore_ms") is not None:
+            out.restore_ms = skippy["restore_ms"]
         if skippy.get("ttft_ms") is not None:
             out.server_ttft_ms = skippy["ttft_ms"]
     if "tokens_evaluated" in chunk and chunk.get("stop"):  # native final chunk

@@ -26,6 +26,7 @@ struct GenerationStats {
     std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
     std::string cache_tier;         // where a hit came from: lane / ram / disk ("none": no hit)
     double queue_ms = 0;
+    double restore_ms = 0;  // choosing and restoring the cached prefix (the stage's plan)
     double time_to_first_token_ms = 0;
     double total_ms = 0;
 };

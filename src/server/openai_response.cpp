@@ -41,6 +41,7 @@ json skippy_json(const GenerationStats& stats, double parse_ms) {
                 {"cache_tier", stats.cache_tier},
                 {"parse_ms", parse_ms},
                 {"queue_ms", stats.queue_ms},
+                {"restore_ms", stats.restore_ms},
                 {"ttft_ms", stats.time_to_first_token_ms},
                 {"total_ms", stats.total_ms}};
 }
