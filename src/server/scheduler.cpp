@@ -331,6 +331,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
             stage::plan_chunks(0, n_prompt, {}, max_chunk, rule.body_min,
                                rule.body_end(n_prompt, slot.prompt_info.message_boundaries));
     };
+    const auto plan_started = Clock::now();
     try {
         slot.plan = stage_->plan(*context_, slot.lane, slot.prompt_info, max_chunk);
     } catch (const std::exception& e) {
@@ -347,6 +348,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
         cold_plan();
     }
     slot.n_prefilled = slot.plan.n_restored;
+    slot.stats.restore_ms = ms_between(plan_started, Clock::now());
     slot.stats.prompt_tokens = static_cast<int32_t>(prompt.size());
     slot.stats.cached_tokens = slot.plan.n_restored;
     slot.stats.cache_decision = std::string(stage::to_string(slot.plan.decision));
@@ -473,20 +475,23 @@ bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
         !std::equal(prompt.begin(), prompt.end(), turn.begin())) {
         return false;
     }
-    const runtime::Pos from = stage_->begin_turn_end(*context_, slot.lane, slot.prompt_info, turn);
-    if (from < 0) {
+    stage::Plan plan = stage_->begin_turn_end(*context_, slot.lane, slot.prompt_info, turn,
+                                              static_cast<int32_t>(context_->n_ubatch()));
+    if (plan.n_restored < 0) {
+        return false;
+    }
+    if (plan.n_restored >= static_cast<int32_t>(turn.size()) || plan.chunk_ends.empty() ||
+        plan.chunk_ends.back() != static_cast<int32_t>(turn.size()) ||
+        context_->seq_pos_max(slot.lane) != plan.n_restored - 1) {
+        stage_->discard(*context_, slot.lane);  // a plan that does not add up
         return false;
     }
     slot.turn = std::move(turn);
     slot.post_turn = true;
     slot.generating = false;
-    slot.n_prefilled = from;
+    slot.n_prefilled = plan.n_restored;
     slot.n_decoded = 0;
-    slot.plan.chunk_ends =
-        stage::plan_chunks(slot.n_prefilled, static_cast<int32_t>(slot.turn.size()), {},
-                           static_cast<int32_t>(context_->n_ubatch()),
-                           stage::min_chunk_tokens(context_->flash_attn()));
-    slot.plan.checkpoints.clear();
+    slot.plan = std::move(plan);
     slot.next_chunk = 0;
     slot.next_checkpoint = 0;
     return true;

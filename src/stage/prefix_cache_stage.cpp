@@ -360,6 +360,19 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     if (checkpoints) {
         // The recurrent state is only ever available where the prefill pauses.
         recorded = record_positions(prompt, restored, prompt.turn_end_follows);
+        // Each pause costs one more decode call now (~6 ms on the bench models, 2 cores), so
+        // a state that would save a later prompt fewer than min_tokens over the state below
+        // it (the restore, or the previous pause) is not taken: the reply between the last
+        // turn's prompt end and the new message, a short tool call.
+        const auto min_gain = static_cast<int32_t>(policy_.min_tokens);
+        int32_t kept = restored;
+        std::erase_if(recorded, [&](int32_t r) {
+            if (r - kept < min_gain) {
+                return true;
+            }
+            kept = r;
+            return false;
+        });
         // The head this prompt shares with another lane's (running or held), or with what
         // this lane held before it (the same head sent again after the other request ended
         // reuses that lane in place): prompts seen to share a head are likely to share it
@@ -372,7 +385,6 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
         for (int32_t r : recorded) {
             below = r <= head ? std::max(below, r) : below;
         }
-        const auto min_gain = static_cast<int32_t>(policy_.min_tokens);
         if (head <= b && head >= min_gain && head - below >= min_gain) {
             recorded.insert(std::upper_bound(recorded.begin(), recorded.end(), head), head);
         }
@@ -475,8 +487,11 @@ void PrefixCacheStage::prompt_done(runtime::InferenceContext& context, SeqId lan
     checkpoint(context, lane, prompt, n);
 }
 
-Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
-                                     const PromptInfo& prompt, std::span<const Token> turn) {
+Plan PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
+                                      const PromptInfo& prompt, std::span<const Token> turn,
+                                      int32_t max_chunk) {
+    Plan plan;
+    plan.n_restored = -1;  // no end-of-turn work
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     const auto n = static_cast<int32_t>(prompt.tokens.size());
     const auto end = static_cast<int32_t>(turn.size());
@@ -484,17 +499,18 @@ Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId l
     state.prompt.clear();
     state.prefilled = 0;
     if (!records_enabled(prompt) || end < n + 2) {
-        return -1;
+        return plan;
     }
     if (state.tokens.size() != prompt.tokens.size() ||
         !std::equal(state.tokens.begin(), state.tokens.end(), prompt.tokens.begin())) {
-        return -1;  // the lane moved on (or was forgotten) since the reply
+        return plan;  // the lane moved on (or was forgotten) since the reply
     }
     // The reply's cells were decoded token by token: drop them, the scheduler prefills the
     // assistant message canonically, in body chunks (plan.h): from the end of the prompt's
     // body, or from earlier when the rest is shorter than the body minimum (prompt cells
     // prefilled again come out bit-identical: the exactness rule).
     int32_t from = std::min(state.body_end, end - rule_.body_min);
+    bool whole = false;  // the lane was cleared: the whole turn is prefilled
     if (layout_.has_recurrent) {
         // Only where the recurrent state was taken: the prompt end, or an earlier checkpoint.
         const Checkpoint* start = nullptr;
@@ -505,27 +521,33 @@ Pos PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId l
         }
         if (start == nullptr || start->n_tokens < static_cast<int32_t>(policy_.min_tokens)) {
             if (end > kTurnEndFromStart) {
-                return -1;
+                return plan;
             }
             // A short conversation: its whole turn is prefilled again.
             context.seq_clear(lane);
-            return 0;
-        }
-        from = start->n_tokens;
-        const auto scope =
-            layout_.has_attention ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
-        if (!context.state_import(*start->recurrent, lane, scope)) {
-            context.seq_clear(lane);
-            state.tokens.clear();
-            return -1;
+            whole = true;
+            from = 0;
+        } else {
+            from = start->n_tokens;
+            const auto scope = layout_.has_attention ? runtime::StateScope::PartialOnly
+                                                     : runtime::StateScope::Full;
+            if (!context.state_import(*start->recurrent, lane, scope)) {
+                context.seq_clear(lane);
+                state.tokens.clear();
+                return plan;
+            }
         }
     }
-    if (from < 1 || !context.seq_remove(lane, from, -1) || context.seq_pos_max(lane) != from - 1) {
+    if (!whole && (from < 1 || !context.seq_remove(lane, from, -1) ||
+                   context.seq_pos_max(lane) != from - 1)) {
         context.seq_clear(lane);
         state.tokens.clear();
-        return -1;
+        return plan;
     }
-    return from;
+    plan.n_restored = from;
+    // The rest of the turn in body chunks: the state every later prompt computes there.
+    plan.chunk_ends = plan_chunks(from, end, {}, max_chunk, rule_.body_min);
+    return plan;
 }
 
 void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,

@@ -63,8 +63,8 @@ class PrefixCacheStage final : public StageBackend {
                     int32_t n_tokens) override;
     void prompt_done(runtime::InferenceContext& context, SeqId lane,
                      const PromptInfo& prompt) override;
-    Pos begin_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
-                       std::span<const Token> turn) override;
+    Plan begin_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                        std::span<const Token> turn, int32_t max_chunk) override;
     void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
                  std::span<const Token> canonical, bool turn_end) override;
     void discard(runtime::InferenceContext& context, SeqId lane) override;

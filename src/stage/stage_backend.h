@@ -8,7 +8,8 @@
 //   checkpoint(ctx, lane, prompt, n)          -> at each plan.checkpoints position
 //   prefilled(lane, n)                        -> at each chunk end of the prompt
 //   ... decode the reply ...
-//   from = begin_turn_end(ctx, lane, prompt, turn); if (from >= 0) prefill turn[from, end)
+//   plan = begin_turn_end(ctx, lane, prompt, turn, max_chunk); if (plan.n_restored >= 0)
+//       prefill turn[plan.n_restored, end) in its chunks    -> checkpoint() at its checkpoints
 //   release(ctx, lane, canonical)             -> records what is new; the lane keeps it
 //
 // Thread safety: every hook runs on the scheduler thread, the one thread that owns the
@@ -70,10 +71,14 @@ class StageBackend {
     // End of turn: the reply is out; put the lane back to a prefilled position (the end of
     // the prompt, or earlier so that the chunk is long enough to be exact) from which the
     // scheduler prefills `turn` (the conversation as the next request will render it).
-    // Returns that position; -1 = no end-of-turn work.
-    virtual Pos begin_turn_end(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
-                               const PromptInfo& /*prompt*/, std::span<const Token> /*turn*/) {
-        return -1;
+    // Returns the plan for that: n_restored = that position (-1 = no end-of-turn work),
+    // chunk ends up to turn.size() of at most `max_chunk` tokens, checkpoints.
+    virtual Plan begin_turn_end(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
+                                const PromptInfo& /*prompt*/, std::span<const Token> /*turn*/,
+                                int32_t /*max_chunk*/) {
+        Plan none;
+        none.n_restored = -1;
+        return none;
     }
     // The lane is free again. Its first `canonical.size()` tokens are `canonical` and were
     // prefilled (their state is exact); anything after them was decoded. `turn_end`: the

@@ -386,6 +386,54 @@ TEST_P(ExactLogitsTest, ChatTurnEndsAreExact) {
     }
 }
 
+TEST_P(ExactLogitsTest, AShortMessageAfterALongTurnEndRestoresTheTurnEnd) {
+    // A turn whose end the client renders long (a long reply), then a short message (< 64
+    // tokens, as people answer). With flash attention that message is the prompt's tail
+    // (plan.h) for a model with recurrent state: restored at the turn end, prefilled row by
+    // row. A dense model's tail is at most 16 tokens, so it computes these 20 in a body
+    // chunk from a body chunk before its end (any position: the KV pages hold them all).
+    std::mt19937 rng(43);
+    const std::vector<runtime::Token> prompt = random_tokens(rng, 300);
+    const std::vector<int32_t> boundaries = {120, 200};
+    const std::vector<runtime::Token> rest_of_reply = random_tokens(rng, 150);
+    const int max_tokens = 4;
+    auto ref_out = std::make_shared<Result>();
+    GenerationRequest ref_req = request_for(prompt, max_tokens, ref_out);
+    ref_req.message_boundaries = boundaries;
+    const Result ref = run(*off_, std::move(ref_req), ref_out);
+    std::vector<runtime::Token> history = prompt;
+    history.insert(history.end(), ref.tokens.begin(), ref.tokens.end());
+    history.insert(history.end(), rest_of_reply.begin(), rest_of_reply.end());
+    auto got_out = std::make_shared<Result>();
+    GenerationRequest req = request_for(prompt, max_tokens, got_out);
+    req.message_boundaries = boundaries;
+    req.render_turn_end = [history](const std::string&) { return history; };
+    const Result got = run(*on_, std::move(req), got_out);
+    EXPECT_TRUE(same_bits(got.logits, ref.logits, max_tokens));
+    wait_recorded(*on_, *stage_);
+
+    const auto a = static_cast<int32_t>(history.size());
+    std::vector<runtime::Token> next = history;
+    const auto message = random_tokens(rng, 20);
+    next.insert(next.end(), message.begin(), message.end());
+    const std::vector<int32_t> next_bounds = {120, 200, 300, a};
+    auto ref2_out = std::make_shared<Result>();
+    GenerationRequest ref2_req = request_for(next, max_tokens, ref2_out);
+    ref2_req.message_boundaries = next_bounds;
+    const Result ref2 = run(*off_, std::move(ref2_req), ref2_out);
+    auto got2_out = std::make_shared<Result>();
+    GenerationRequest req2 = request_for(next, max_tokens, got2_out);
+    req2.message_boundaries = next_bounds;
+    const Result got2 = run(*on_, std::move(req2), got2_out);
+    EXPECT_EQ(got2.tokens, ref2.tokens);
+    EXPECT_TRUE(same_bits(got2.logits, ref2.logits, max_tokens))
+        << "cached " << got2.stats.cached_tokens;
+    const auto n = static_cast<int32_t>(next.size());
+    const int32_t expected =
+        arch_ == "llama" ? rule_.best_restore(a, rule_.body_end(n, next_bounds), n) : a;
+    EXPECT_EQ(got2.stats.cached_tokens, expected) << "turn end " << a << ", prompt " << n;
+}
+
 TEST_P(ExactLogitsTest, ConcurrentRequestsKeepPrefillLogitsExact) {
     // Prefill chunks run one lane per llama_decode, so the first token's logits are exact
     // under concurrency; decode steps of several lanes share one batch (other kernels), so
