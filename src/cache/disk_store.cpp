@@ -611,6 +611,9 @@ void DiskStore::set_foreground_busy(bool busy) {
     std::lock_guard lock(mu_);
     if (foreground_busy_ != busy) {
         foreground_busy_ = busy;
+        if (!busy) {
+            foreground_idle_since_ = std::chrono::steady_clock::now();
+        }
         work_cv_.notify_all();
     }
 }

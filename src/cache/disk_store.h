@@ -293,13 +293,16 @@ class DiskStore final : public LeaseOwner {
 
     // Waits until the sweep, every queued write and every pending deletion are done.
     void flush();
-    // The request path is computing (true) or idle (false). While it computes, queued
+    // The request path is computing (true) or idle (false). While it computes, and until
+    // it has been idle for kIdleGrace (requests sent back to back leave gaps of a few
+    // milliseconds, and a write started there runs on into the next prefill), queued
     // writes wait (their file I/O and the kernel's writeback take CPU time from the
     // compute threads) unless they have waited kMaxWriteDeferral or the queue holds
     // kMaxDeferredWrites; flush() and close() never wait for this.
     void set_foreground_busy(bool busy);
+    static constexpr auto kIdleGrace = std::chrono::milliseconds(50);
     static constexpr auto kMaxWriteDeferral = std::chrono::seconds(2);
-    static constexpr size_t kMaxDeferredWrites = 8;
+    static constexpr size_t kMaxDeferredWrites = 32;
     // The writer's reused payload buffer is kept up to this size.
     static constexpr size_t kMaxKeptWriteBuffer = size_t{64} << 20;
     // Stops the writer (drain: finish queued writes first; else drop them) and unlocks
@@ -417,6 +420,7 @@ class DiskStore final : public LeaseOwner {
     bool sweep_pending_ = true;
     bool busy_ = false;             // the writer is running a job, a sweep or deletions
     bool foreground_busy_ = false;  // see set_foreground_busy()
+    std::chrono::steady_clock::time_point foreground_idle_since_{};
     int flushers_ = 0;              // flush() calls waiting: no deferral
     bool stopping_ = false;
     bool drain_ = true;

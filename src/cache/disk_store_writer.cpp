@@ -89,11 +89,16 @@ void DiskStore::writer_loop() {
             sweep_pending_ = false;
         }
         // Writes wait while requests compute, within bounds (see set_foreground_busy).
+        const auto now = std::chrono::steady_clock::now();
+        const bool settling = !foreground_busy_ && now - foreground_idle_since_ < kIdleGrace;
         if (!sweep_pending_ && dead_manifests_.empty() && dead_blocks_.empty() && !queue_.empty() &&
-            foreground_busy_ && flushers_ == 0 && !stopping_ &&
+            (foreground_busy_ || settling) && flushers_ == 0 && !stopping_ &&
             queue_.size() < kMaxDeferredWrites) {
-            const auto deadline = queue_.front().queued_at + kMaxWriteDeferral;
-            if (std::chrono::steady_clock::now() < deadline) {
+            auto deadline = queue_.front().queued_at + kMaxWriteDeferral;
+            if (settling) {
+                deadline = std::min(deadline, foreground_idle_since_ + kIdleGrace);
+            }
+            if (now < deadline) {
                 work_cv_.wait_until(lock, deadline);
                 continue;
             }

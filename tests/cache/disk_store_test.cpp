@@ -168,6 +168,17 @@ TEST(DiskStore, WritesWaitWhileTheForegroundComputesWithinBounds) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     EXPECT_TRUE(store->contains(ns, c.tokens, c.page)) << "deferred past the bound";
+    // Idle again: a queued write waits until the foreground has been idle for the grace
+    // period (back-to-back requests leave gaps of milliseconds), then lands.
+    const PrefixPayload d = prefix_payload(ns, 8, 64);
+    ASSERT_EQ(submit(*store, ns, d), DiskSubmit::Queued);
+    const auto idle_from = std::chrono::steady_clock::now();
+    store->set_foreground_busy(false);
+    for (int i = 0; i < 400 && !store->contains(ns, d.tokens, d.page); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_TRUE(store->contains(ns, d.tokens, d.page));
+    EXPECT_GE(std::chrono::steady_clock::now() - idle_from, DiskStore::kIdleGrace);
 }
 
 TEST(DiskStore, LongerPrefixSharesBlocks) {
