@@ -75,7 +75,7 @@ def parse_args(argv):
                    help="results directory (default: bench/results, bench/results/quick "
                         "with --quick)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="ABAB rounds per workload (default: profile)")
+                   help="ABBA rounds per workload (default: profile)")
     p.add_argument("--reps", type=int, default=None,
                    help="family table warm repetitions per round (default: profile)")
     p.add_argument("--threads", type=int, default=2, help="--threads for both servers")

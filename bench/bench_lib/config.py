@@ -50,7 +50,7 @@ FAMILY = {"llama": "dense", "qwen35": "hybrid", "mamba2": "recurrent"}
 # workload on one server; requests also have their own timeout.
 PROFILES = {
     "full": {
-        "rounds": 2,                 # ABAB...: each workload alternates servers this many times
+        "rounds": 2,                 # ABBA...: each workload alternates servers this many times
         "lane_ctx": 16384,
         "request_timeout_s": 300,
         "family": {"prefixes": [128, 1024, 4096], "reps": 10, "deadline_s": 420},

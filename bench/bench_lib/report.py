@@ -76,7 +76,7 @@ def markdown(results, plots):
     out = [f"# skippy benchmark ({meta['mode']})\n",
            f"Run {meta['started']}, {meta['duration_s'] / 60:.1f} min. {meta['machine']}. "
            f"Servers started one at a time, `--threads {meta['threads']}`, "
-           f"{meta['rounds']} rounds per workload in ABAB order (a fresh server per run), "
+           f"{meta['rounds']} rounds per workload in ABBA order (a fresh server per run), "
            f"{meta.get('lane_ctx', meta.get('ctx'))} KV cells per lane unless the workload "
            f"says otherwise, greedy (temperature 0), streaming; TTFT is measured "
            f"by the client at the first chunk carrying generated text.\n",

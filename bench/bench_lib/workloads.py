@@ -1,4 +1,4 @@
-"""The workloads, and the runner that measures each on alternating servers (ABAB...).
+"""The workloads, and the runner that measures each on alternating servers (ABBA...).
 
 A workload builds its prompts once (deterministically), then `run_once` is called on a fresh
 server for every (round, variant): round 0 skippy, round 0 llama-server, round 1 skippy, ...
@@ -605,14 +605,17 @@ class ModelRun:
 
 
 def measure(model, workload):
-    """Runs `workload` for rounds x variants, one fresh server at a time, in ABAB order."""
+    """Runs `workload` for rounds x variants, one fresh server at a time, in ABBA order."""
     if hasattr(workload, "calibrate"):  # per-model settings, from an unmeasured server
         workload.calibrate(model)
     runs = []
     # A workload may run fewer rounds than the profile (larger_than_ram: its cold first
     # visits dominate); an explicit --rounds removes that override (run_bench.py).
+    # ABBA...: odd rounds run the servers in reverse order, so a drift of the machine's
+    # speed across a round hits each server as often first as last.
     for rnd in range(workload.cfg.get("rounds", model.rounds)):
-        for variant in workload.variants():
+        variants = list(workload.variants())
+        for variant in (reversed(variants) if rnd % 2 else variants):
             runs.append(_one_run(model, workload, variant, rnd))
     return runs
 
