@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -66,6 +67,18 @@ Result run(Scheduler& scheduler, GenerationRequest request, std::shared_ptr<Resu
 Result run(Scheduler& scheduler, const std::vector<runtime::Token>& prompt, int max_tokens) {
     auto out = std::make_shared<Result>();
     return run(scheduler, request_for(prompt, max_tokens, out), out);
+}
+
+// A chat request: the prompt with its message boundaries, and the end of its turn as the
+// next request renders it (none: no end-of-turn work).
+Result run_chat(Scheduler& scheduler, const std::vector<runtime::Token>& prompt, int max_tokens,
+                const std::vector<int32_t>& boundaries,
+                std::function<std::vector<runtime::Token>(const std::string&)> turn_end = {}) {
+    auto out = std::make_shared<Result>();
+    GenerationRequest request = request_for(prompt, max_tokens, out);
+    request.message_boundaries = boundaries;
+    request.render_turn_end = std::move(turn_end);
+    return run(scheduler, std::move(request), out);
 }
 
 void wait_recorded(Scheduler& scheduler, stage::PrefixCacheStage& stage) {
@@ -348,21 +361,15 @@ TEST_P(ExactLogitsTest, ChatTurnEndsAreExact) {
         const auto n = static_cast<int32_t>(prompt.size());
         const int32_t b = rule_.body_end(n, boundaries);
         const int max_tokens = 6;
-        auto ref_out = std::make_shared<Result>();
-        GenerationRequest ref_req = request_for(prompt, max_tokens, ref_out);
-        ref_req.message_boundaries = boundaries;
-        const Result ref = run(*off_, std::move(ref_req), ref_out);
-        auto got_out = std::make_shared<Result>();
-        GenerationRequest req = request_for(prompt, max_tokens, got_out);
-        req.message_boundaries = boundaries;
+        const Result ref = run_chat(*off_, prompt, max_tokens, boundaries);
         std::vector<runtime::Token> reply_tokens = ref.tokens;
-        req.render_turn_end = [prompt, sep, reply_tokens](const std::string&) {
-            std::vector<runtime::Token> turn_tokens = prompt;
-            turn_tokens.insert(turn_tokens.end(), reply_tokens.begin(), reply_tokens.end());
-            turn_tokens.insert(turn_tokens.end(), sep.begin(), sep.end());
-            return turn_tokens;
-        };
-        const Result got = run(*on_, std::move(req), got_out);
+        const Result got = run_chat(
+            *on_, prompt, max_tokens, boundaries, [prompt, sep, reply_tokens](const std::string&) {
+                std::vector<runtime::Token> turn_tokens = prompt;
+                turn_tokens.insert(turn_tokens.end(), reply_tokens.begin(), reply_tokens.end());
+                turn_tokens.insert(turn_tokens.end(), sep.begin(), sep.end());
+                return turn_tokens;
+            });
         EXPECT_EQ(got.tokens, ref.tokens);
         EXPECT_TRUE(same_bits(got.logits, ref.logits, max_tokens))
             << "cached " << got.stats.cached_tokens << ", body end " << b << " of " << n;
@@ -397,18 +404,12 @@ TEST_P(ExactLogitsTest, AShortMessageAfterALongTurnEndRestoresTheTurnEnd) {
     const std::vector<int32_t> boundaries = {120, 200};
     const std::vector<runtime::Token> rest_of_reply = random_tokens(rng, 150);
     const int max_tokens = 4;
-    auto ref_out = std::make_shared<Result>();
-    GenerationRequest ref_req = request_for(prompt, max_tokens, ref_out);
-    ref_req.message_boundaries = boundaries;
-    const Result ref = run(*off_, std::move(ref_req), ref_out);
+    const Result ref = run_chat(*off_, prompt, max_tokens, boundaries);
     std::vector<runtime::Token> history = prompt;
     history.insert(history.end(), ref.tokens.begin(), ref.tokens.end());
     history.insert(history.end(), rest_of_reply.begin(), rest_of_reply.end());
-    auto got_out = std::make_shared<Result>();
-    GenerationRequest req = request_for(prompt, max_tokens, got_out);
-    req.message_boundaries = boundaries;
-    req.render_turn_end = [history](const std::string&) { return history; };
-    const Result got = run(*on_, std::move(req), got_out);
+    const Result got = run_chat(*on_, prompt, max_tokens, boundaries,
+                                [history](const std::string&) { return history; });
     EXPECT_TRUE(same_bits(got.logits, ref.logits, max_tokens));
     wait_recorded(*on_, *stage_);
 
@@ -417,14 +418,8 @@ TEST_P(ExactLogitsTest, AShortMessageAfterALongTurnEndRestoresTheTurnEnd) {
     const auto message = random_tokens(rng, 20);
     next.insert(next.end(), message.begin(), message.end());
     const std::vector<int32_t> next_bounds = {120, 200, 300, a};
-    auto ref2_out = std::make_shared<Result>();
-    GenerationRequest ref2_req = request_for(next, max_tokens, ref2_out);
-    ref2_req.message_boundaries = next_bounds;
-    const Result ref2 = run(*off_, std::move(ref2_req), ref2_out);
-    auto got2_out = std::make_shared<Result>();
-    GenerationRequest req2 = request_for(next, max_tokens, got2_out);
-    req2.message_boundaries = next_bounds;
-    const Result got2 = run(*on_, std::move(req2), got2_out);
+    const Result ref2 = run_chat(*off_, next, max_tokens, next_bounds);
+    const Result got2 = run_chat(*on_, next, max_tokens, next_bounds);
     EXPECT_EQ(got2.tokens, ref2.tokens);
     EXPECT_TRUE(same_bits(got2.logits, ref2.logits, max_tokens))
         << "cached " << got2.stats.cached_tokens;
