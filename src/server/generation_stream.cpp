@@ -24,10 +24,11 @@ void GenerationStream::push_delta(std::string text, std::vector<runtime::Token> 
     push(std::move(event));
 }
 
-void GenerationStream::finish(const GenerationStats& stats) {
+void GenerationStream::finish(const GenerationStats& stats, std::string reply) {
     StreamEvent event;
     event.kind = StreamEvent::Kind::Done;
     event.stats = stats;
+    event.text = std::move(reply);
     push(std::move(event));
 }
 

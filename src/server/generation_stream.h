@@ -34,7 +34,7 @@ struct GenerationStats {
 struct StreamEvent {
     enum class Kind { Delta, Done, Error };
     Kind kind = Kind::Delta;
-    std::string text;                    // Delta: new text
+    std::string text;                    // Delta: new text; Done: the whole reply
     std::vector<runtime::Token> tokens;  // Delta: tokens that produced it
     GenerationStats stats;               // Done
     int http_status = 500;               // Error
@@ -46,7 +46,7 @@ class GenerationStream {
   public:
     // ---- producer side (scheduler thread) ----
     void push_delta(std::string text, std::vector<runtime::Token> tokens);
-    void finish(const GenerationStats& stats);
+    void finish(const GenerationStats& stats, std::string reply = {});
     void fail(int http_status, std::string type, std::string message);
 
     // ---- consumer side (HTTP thread) ----

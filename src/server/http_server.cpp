@@ -101,6 +101,12 @@ class BackgroundWork {
         ready_.notify_all();
         thread_.join();
     }
+    // The next turn's renders of a chat request whose first choice replied `reply`.
+    void post_next_turn(const ParsedRequest& parsed, const std::string& reply) {
+        if (parsed.prepare_next_turn) {
+            post([prepare = parsed.prepare_next_turn, reply] { prepare(reply); });
+        }
+    }
     void post(std::function<void()> work) {
         if (!work) {
             return;
@@ -657,7 +663,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                     case StreamEvent::Kind::Done:
                         writer->on_done(run->choice, event.stats);
                         if (run->choice == 0) {
-                            background.post(parsed->prepare_next_turn);
+                            background.post_next_turn(*parsed, event.text);
                         }
                         if (++run->choice < run->choices()) {
                             if (!admit(*run)) {
@@ -731,7 +737,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                 } else {
                     out += run->writer->on_done(run->choice, event.stats);
                     if (run->choice == 0) {
-                        background.post(run->parsed->prepare_next_turn);
+                        background.post_next_turn(*run->parsed, event.text);
                     }
                     if (++run->choice < run->choices()) {
                         if (run->submit(scheduler) == Admission::Accepted) {

@@ -1,7 +1,9 @@
 #include "server/message_boundaries.h"
 
 #include <algorithm>
+#include <cstring>
 #include <random>
+
 
 #include "cache/sha256.h"
 
@@ -23,9 +25,20 @@ uint64_t mul_mod(uint64_t a, uint64_t b) {
     return r >= kMod ? r - kMod : r;
 }
 
-uint64_t hash_step(uint64_t h, uint64_t base, unsigned char c) {
-    const uint64_t r = mul_mod(h, base) + c + 1;
+uint64_t hash_step(uint64_t h, uint64_t base, uint64_t value) {
+    const uint64_t r = mul_mod(h, base) + value;
     return r >= kMod ? r - kMod : r;
+}
+
+// Texts are hashed 7 bytes at a time (a value below 2^56 < 2^61 - 1, plus one), then byte by
+// byte (value + 1) for the last text.size() % 7: the polynomial of a text is fixed by its
+// bytes and its length, and texts are compared only at equal lengths.
+constexpr size_t kWordBytes = 7;
+
+uint64_t word_at(const char* p) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, kWordBytes);  // little-endian hosts; any fixed byte order works
+    return w + 1;
 }
 
 uint64_t random_base(std::mt19937_64& rng) {
@@ -222,14 +235,36 @@ std::string_view MessageBoundaryFinder::piece(runtime::Token t) const {
     return std::string_view(pieces_).substr(piece_begin_[i], piece_begin_[i + 1] - piece_begin_[i]);
 }
 
-MessageBoundaryFinder::TextId MessageBoundaryFinder::text_id(const std::string& text) const {
-    TextId id;
-    id.bytes = text.size();
-    for (char c : text) {
-        id.h1 = hash_step(id.h1, base1_, static_cast<unsigned char>(c));
-        id.h2 = hash_step(id.h2, base2_, static_cast<unsigned char>(c));
+// Prefix hashes of one text at increasing lengths (one pass over the text in all).
+class MessageBoundaryFinder::PrefixHasher {
+  public:
+    PrefixHasher(const MessageBoundaryFinder& finder, std::string_view text)
+        : b1_(finder.base1_), b2_(finder.base2_), text_(text) {}
+    // The id of text[0, n); n must not decrease from one call to the next.
+    TextId at(size_t n) {
+        for (; words_ + 1 <= n / kWordBytes; ++words_) {
+            const uint64_t w = word_at(text_.data() + words_ * kWordBytes);
+            h1_ = hash_step(h1_, b1_, w);
+            h2_ = hash_step(h2_, b2_, w);
+        }
+        TextId id{n, h1_, h2_};
+        for (size_t i = words_ * kWordBytes; i < n; ++i) {
+            const uint64_t c = static_cast<unsigned char>(text_[i]) + uint64_t{1};
+            id.h1 = hash_step(id.h1, b1_, c);
+            id.h2 = hash_step(id.h2, b2_, c);
+        }
+        return id;
     }
-    return id;
+
+  private:
+    uint64_t b1_, b2_;
+    std::string_view text_;
+    size_t words_ = 0;  // whole words hashed into h1_, h2_
+    uint64_t h1_ = 0, h2_ = 0;
+};
+
+MessageBoundaryFinder::TextId MessageBoundaryFinder::text_id(const std::string& text) const {
+    return PrefixHasher(*this, text).at(text.size());
 }
 
 bool MessageBoundaryFinder::lookup(const MemoKey& key, TextId& out) const {
@@ -264,6 +299,26 @@ void MessageBoundaryFinder::remember(const cache::Digest& key, bool add_generati
     const TextId id = text_id(text);
     std::lock_guard<std::mutex> lock(memo_mutex_);
     insert(MemoKey{key, add_generation_prompt}, id);
+}
+
+bool MessageBoundaryFinder::remembered_prefix(const MemoKey& key, const std::string& prompt,
+                                              TextId& id) const {
+    {
+        std::lock_guard<std::mutex> lock(memo_mutex_);
+        if (!lookup(key, id)) {
+            return false;
+        }
+    }
+    if (id.bytes > prompt.size()) {
+        return false;
+    }
+    const TextId have = PrefixHasher(*this, prompt).at(id.bytes);
+    return have.h1 == id.h1 && have.h2 == id.h2;
+}
+
+bool MessageBoundaryFinder::remembers(const cache::Digest& key, bool add_generation_prompt) const {
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    return memo_.contains(MemoKey{key, add_generation_prompt});
 }
 
 void MessageBoundaryFinder::prepare(const cache::Digest& key,
@@ -328,7 +383,7 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
         }
     }
     // A remembered text counts only if the prompt starts with it: one pass of the prompt's
-    // prefix hashes, checked at each remembered length.
+    // prefix hashes, checked at each remembered length, then the whole prompt's.
     std::vector<Head*> by_length;
     for (auto& head : heads) {
         if (head.known) {
@@ -337,16 +392,10 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
     }
     std::sort(by_length.begin(), by_length.end(),
               [](const Head* a, const Head* b) { return a->id.bytes < b->id.bytes; });
-    uint64_t h1 = 0;
-    uint64_t h2 = 0;
-    size_t hashed = 0;
+    PrefixHasher hasher(*this, prompt);
     for (Head* head : by_length) {
-        for (; hashed < head->id.bytes; ++hashed) {
-            const auto c = static_cast<unsigned char>(prompt[hashed]);
-            h1 = hash_step(h1, base1_, c);
-            h2 = hash_step(h2, base2_, c);
-        }
-        head->known = h1 == head->id.h1 && h2 == head->id.h2;
+        const TextId id = hasher.at(head->id.bytes);
+        head->known = id.h1 == head->id.h1 && id.h2 == head->id.h2;
     }
 
     std::vector<int32_t> boundaries;
@@ -358,27 +407,43 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
             boundary = text_map.tokens_before(head.id.bytes);
             ++hits;
         } else {
+            const MemoKey key{keys[head.k], head.generation_prompt};
             const std::vector<runtime::ChatMessage> part(
                 messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(head.k));
-            const std::string text =
-                render_chat(chat_template_, part, head.generation_prompt, context);
+            std::string text;
+            {
+                // The render another thread was making (the previous turn's next-turn work)
+                // is taken once it is done, not made again.
+                std::lock_guard<std::mutex> render_lock(render_mutex());
+                TextId id;
+                if (text_map.valid() && remembered_prefix(key, prompt, id)) {
+                    if (const size_t b = text_map.tokens_before(id.bytes); b > 0) {
+                        boundaries.push_back(static_cast<int32_t>(b));
+                    }
+                    ++hits;
+                    continue;
+                }
+                text = chat_template_.render(part, head.generation_prompt, context);
+            }
             if (text_map.valid() && prompt.compare(0, text.size(), text) == 0) {
                 boundary = text_map.tokens_before(text.size());
             } else {
                 boundary = common_prefix(model_.tokenize(text, true, true), tokens);
             }
-            rendered.emplace_back(MemoKey{keys[head.k], head.generation_prompt}, text_id(text));
+            rendered.emplace_back(key, text_id(text));
         }
         if (boundary > 0) {
             boundaries.push_back(static_cast<int32_t>(boundary));
         }
     }
+    // The next turn renders this prompt as the head before the reply.
+    rendered.emplace_back(MemoKey{keys.back(), true}, hasher.at(prompt.size()));
     {
         std::lock_guard<std::mutex> lock(memo_mutex_);
         for (const auto& [key, id] : rendered) {
             insert(key, id);
         }
-        stats_.renders += rendered.size();
+        stats_.renders += rendered.size() - 1;
         stats_.memo_hits += hits;
     }
     std::sort(boundaries.begin(), boundaries.end());

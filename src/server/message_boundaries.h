@@ -92,6 +92,8 @@ class MessageBoundaryFinder {
     void remember(const cache::Digest& key, bool add_generation_prompt,
                   const std::string& text) const;
 
+    bool remembers(const cache::Digest& key, bool add_generation_prompt) const;
+
     // Renders and remembers `messages` (identity `key`) unless the memo already has them;
     // render errors are ignored (the request that needs the render will report them).
     void prepare(const cache::Digest& key, const std::vector<runtime::ChatMessage>& messages,
@@ -120,9 +122,12 @@ class MessageBoundaryFinder {
         uint64_t h2 = 0;
     };
     using Lru = std::list<std::pair<MemoKey, TextId>>;
+    class PrefixHasher;
 
     TextId text_id(const std::string& text) const;
     bool lookup(const MemoKey& key, TextId& out) const;       // caller holds memo_mutex_
+    // The memo has `key` and the prompt starts with its text (id: that text's).
+    bool remembered_prefix(const MemoKey& key, const std::string& prompt, TextId& id) const;
     void insert(const MemoKey& key, const TextId& id) const;  // caller holds memo_mutex_
 
     const runtime::Model& model_;

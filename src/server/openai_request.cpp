@@ -368,32 +368,54 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     // Before the boundary search: a prompt that cannot fit is rejected cheaply.
     check_prompt_fits(gen.prompt.size(), "messages");
     // Structural record positions: where each earlier message ends in the prompt's tokens.
+    // (find() also remembers the prompt: the next turn renders it as the head before the
+    // reply.)
     gen.message_boundaries = boundaries_.find(messages, keys, prompt, gen.prompt, *context);
-    // The next turn of this conversation renders this prompt as the head before the reply,
-    // and the end of this turn (rendered below) as the head before its new message.
-    boundaries_.remember(keys.back(), true, prompt);
     prompt_tokens_.remember_prompt(keys.back(), prompt, gen.prompt);
-    auto history = std::make_shared<const std::vector<runtime::ChatMessage>>(messages);
-    gen.render_turn_end = [this, history, context, parser = out.chat_parser,
-                           id_base = out.tool_call_id_base,
-                           key = keys.back()](const std::string& text) {
-        // The assistant message as the client sends it back: content (without reasoning)
-        // and the tool calls with the ids and arguments this response gives them.
-        const runtime::ChatReply reply = parse_reply(parser.get(), text, id_base);
-        runtime::ChatMessage message("assistant", reply.content);
-        message.tool_calls = reply.tool_calls;
-        std::vector<runtime::ChatMessage> with_reply = *history;
-        with_reply.push_back(message);
-        const std::string rendered = render_chat(chat_template_, with_reply, false, *context);
-        const cache::Digest turn_key = extend_message_key(key, message);
-        boundaries_.remember(turn_key, false, rendered);
-        auto tokens = model_.tokenize(rendered, true, true);
-        prompt_tokens_.remember(turn_key, rendered, tokens);
-        return tokens;
+    auto turn = std::make_shared<TurnEnd>(TurnEnd{
+        std::make_shared<const std::vector<runtime::ChatMessage>>(messages), context,
+        out.chat_parser, out.tool_call_id_base, keys.back()});
+    gen.render_turn_end = [this, turn](const std::string& text) {
+        return render_turn_end(*turn, text, true);
     };
-    out.prepare_next_turn = [this, history, context, key = keys.back()] {
-        boundaries_.prepare(key, *history, false, *context);
+    out.prepare_next_turn = [this, turn](const std::string& reply) {
+        // The head before the next message when the client sends the reply back as it was:
+        // the end of this turn (already remembered when the scheduler ran it). First: a chat
+        // client can send its next turn right away.
+        render_turn_end(*turn, reply, false);
+        // ... and when it rewrites the reply (an agent's own tool-call message).
+        boundaries_.prepare(turn->key, *turn->history, false, *turn->context);
     };
+}
+
+std::vector<runtime::Token> OpenAiRequestParser::render_turn_end(const TurnEnd& turn,
+                                                                 const std::string& text,
+                                                                 bool always) const {
+    // The assistant message as the client sends it back: content (without reasoning) and
+    // the tool calls with the ids and arguments this response gives them.
+    const runtime::ChatReply reply = parse_reply(turn.parser.get(), text, turn.id_base);
+    runtime::ChatMessage message("assistant", reply.content);
+    message.tool_calls = reply.tool_calls;
+    const cache::Digest turn_key = extend_message_key(turn.key, message);
+    if (!always && boundaries_.remembers(turn_key, false)) {
+        return {};
+    }
+    std::vector<runtime::ChatMessage> with_reply = *turn.history;
+    with_reply.push_back(std::move(message));
+    std::string rendered;
+    try {
+        rendered = render_chat(chat_template_, with_reply, false, *turn.context);
+    } catch (const std::exception&) {
+        if (always) {
+            throw;
+        }
+        return {};  // the request that needs it will report the error
+    }
+    boundaries_.remember(turn_key, false, rendered);
+    // Tokenized from the prompt's head (remember_prompt): only the reply and what follows.
+    auto tokens = prompt_tokens_.tokenize_after(rendered, turn.key);
+    prompt_tokens_.remember(turn_key, std::move(rendered), tokens);
+    return tokens;
 }
 
 void OpenAiRequestParser::parse_completion(const json& body, ParsedRequest& out) const {

@@ -57,8 +57,9 @@ struct ParsedRequest {
     bool tools_active = false;      // tools given, tool_choice != none
     std::string tool_call_id_base;  // tool call i of the reply gets id base + i
     // Chat: renders what the next turn of this conversation will look up (the messages
-    // without generation prompt), off the critical path: call it once the response is sent.
-    std::function<void()> prepare_next_turn;
+    // without generation prompt, and with the reply of choice 0 appended), off the critical
+    // path: call it once the response is sent, with that reply's text.
+    std::function<void(const std::string& reply)> prepare_next_turn;
     double parse_ms = 0;  // time spent in parse() (set by the HTTP layer)
 };
 
@@ -82,6 +83,22 @@ class OpenAiRequestParser {
     uint32_t n_ctx() const { return limits_.n_ctx; }
 
   private:
+    // What the end of a chat turn is rendered from: the request's messages and context, the
+    // output parser and tool call ids of its reply, the identity of the messages.
+    struct TurnEnd {
+        std::shared_ptr<const std::vector<runtime::ChatMessage>> history;
+        std::shared_ptr<const runtime::ChatContext> context;
+        std::shared_ptr<const runtime::ChatOutputParser> parser;
+        std::string id_base;
+        cache::Digest key;
+    };
+    // Renders the turn's messages + the reply `text` (add_generation_prompt = false),
+    // remembers the text (boundaries) and its tokens (prompt token memo) and returns them.
+    // always = false: nothing when the boundary memo has that render already, or when the
+    // template fails (the request that needs it reports the error).
+    std::vector<runtime::Token> render_turn_end(const TurnEnd& turn, const std::string& text,
+                                                bool always) const;
+
     void parse_common(const nlohmann::json& body, ParsedRequest& out) const;
     void parse_chat(const nlohmann::json& body, ParsedRequest& out) const;
     void parse_completion(const nlohmann::json& body, ParsedRequest& out) const;

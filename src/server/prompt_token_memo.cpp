@@ -55,6 +55,36 @@ std::vector<runtime::Token> PromptTokenMemo::from_head(const std::string& prompt
     return out;
 }
 
+std::vector<runtime::Token> PromptTokenMemo::from_key(const std::string& prompt,
+                                                      const cache::Digest& key, int& tries) const {
+    // The end of the turn with these messages, else the prompt that asked for it.
+    for (const cache::Digest& k : {key, prompt_key(key)}) {
+        const auto head = find(k);
+        if (!head || tries == 0) {
+            continue;
+        }
+        bool tokenized = false;
+        std::vector<runtime::Token> out = from_head(prompt, *head, tokenized);
+        tries -= tokenized ? 1 : 0;
+        if (out.empty()) {
+            continue;
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.hits;
+        stats_.reused_tokens += head->tokens.size();
+        return out;
+    }
+    return {};
+}
+
+std::vector<runtime::Token> PromptTokenMemo::whole(const std::string& prompt) const {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.misses;
+    }
+    return model_.tokenize(prompt, true, true);
+}
+
 std::vector<runtime::Token> PromptTokenMemo::tokenize(const std::string& prompt,
                                                       const MessageKeys& keys) const {
     // At most two heads that the prompt starts with are tried: when neither splits at a
@@ -62,29 +92,22 @@ std::vector<runtime::Token> PromptTokenMemo::tokenize(const std::string& prompt,
     int tries = 2;
     for (size_t j = keys.size() < 2 ? 0 : keys.size() - 2; j >= 1 && max_entries_ > 0 && tries > 0;
          --j) {
-        // The end of the turn with these messages, else the prompt that asked for it.
-        for (const cache::Digest& key : {keys[j], prompt_key(keys[j])}) {
-            const auto head = find(key);
-            if (!head || tries == 0) {
-                continue;
-            }
-            bool tokenized = false;
-            std::vector<runtime::Token> out = from_head(prompt, *head, tokenized);
-            tries -= tokenized ? 1 : 0;
-            if (out.empty()) {
-                continue;
-            }
-            std::lock_guard<std::mutex> lock(mutex_);
-            ++stats_.hits;
-            stats_.reused_tokens += head->tokens.size();
+        if (auto out = from_key(prompt, keys[j], tries); !out.empty()) {
             return out;
         }
     }
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++stats_.misses;
+    return whole(prompt);
+}
+
+std::vector<runtime::Token> PromptTokenMemo::tokenize_after(const std::string& text,
+                                                            const cache::Digest& key) const {
+    int tries = 2;
+    if (max_entries_ > 0) {
+        if (auto out = from_key(text, key, tries); !out.empty()) {
+            return out;
+        }
     }
-    return model_.tokenize(prompt, true, true);
+    return whole(text);
 }
 
 void PromptTokenMemo::remember(const cache::Digest& key, std::string text,

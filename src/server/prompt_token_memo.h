@@ -54,6 +54,10 @@ class PromptTokenMemo {
     // tokens of the longest remembered head keys[j] (j < keys.size() - 1) the prompt
     // starts with.
     std::vector<runtime::Token> tokenize(const std::string& prompt, const MessageKeys& keys) const;
+    // The same for a text that continues the messages with identity `key` (the end of their
+    // turn): reuses their remembered turn end or prompt head.
+    std::vector<runtime::Token> tokenize_after(const std::string& text,
+                                               const cache::Digest& key) const;
 
     // `tokens` = model.tokenize(text, true, true), text = the render of the messages with
     // identity `key` (add_generation_prompt = false).
@@ -80,6 +84,11 @@ class PromptTokenMemo {
     // `tokenized`: the rest was tokenized (the prompt starts with the head's text).
     std::vector<runtime::Token> from_head(const std::string& prompt, const Head& head,
                                           bool& tokenized) const;
+    // from_head() with the turn end of the messages with identity `key`, else their prompt
+    // head; each head whose rest was tokenized uses one of `tries`.
+    std::vector<runtime::Token> from_key(const std::string& prompt, const cache::Digest& key,
+                                         int& tries) const;
+    std::vector<runtime::Token> whole(const std::string& prompt) const;  // a miss
 
     const runtime::Model& model_;
     size_t max_entries_;

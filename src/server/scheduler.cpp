@@ -403,11 +403,11 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     completion_tokens_.fetch_add(static_cast<uint64_t>(slot.stats.completion_tokens));
     completed_.fetch_add(1);
     // The client has its answer before the cache records the lane.
-    slot.stream->finish(slot.stats);
+    std::string reply = slot.output->text();
+    slot.stream->finish(slot.stats, reply);
     slot.stream.reset();
     notify_prompt_done(slot);
     const bool defer = slot.prompt_info.turn_end_follows && slot.request.render_turn_end;
-    std::string reply = defer ? slot.output->text() : std::string();
     // The prompt was prefilled; the reply tokens after it were decoded.
     release_slot(slot, slot.request.prompt.size(), false);
     if (defer) {

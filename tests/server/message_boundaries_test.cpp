@@ -318,11 +318,23 @@ uint64_t grow_chat(const runtime::Model& model, const runtime::ChatTemplate& tmp
         if (turn > 0) {
             most_renders = std::max(most_renders, after.renders - before.renders);
         }
-        parsed.prepare_next_turn();  // what the HTTP handler does once the request is queued
         const std::string reply =
             (turn % 2 == 0 ? "<think>pondering " + std::to_string(turn) + "</think>" : "") +
             "answer " + std::to_string(turn);
-        parsed.generation.render_turn_end(reply);
+        // The scheduler renders the end of the turn for models that run it (hybrid and
+        // recurrent); the HTTP handler prepares the next turn after every reply. Every
+        // third turn goes without the scheduler's render, as with a dense model.
+        if (turn % 3 != 2) {
+            // Tokenized from the prompt's head, as a whole tokenization would.
+            const auto tokens = parsed.generation.render_turn_end(reply);
+            if (!parsed.chat_parser) {  // (else the reply's reasoning is taken apart)
+                auto with_reply = messages;
+                with_reply.push_back({"assistant", reply});
+                EXPECT_EQ(tokens, model.tokenize(tmpl.render(with_reply, false), true, true))
+                    << what << " turn " << turn;
+            }
+        }
+        parsed.prepare_next_turn(reply);
         messages.push_back({"assistant", reply});
     }
     return most_renders;

@@ -52,7 +52,7 @@ const runtime::Model& chatml_spm_model() {
 // prompt); every turn's prompt tokens must equal a whole tokenization. `turn_ends`: false
 // sends each follow-up before the previous turn's end was rendered (an agent's tool result),
 // so only the remembered prompts help. Returns the memo's hits (-1: the template cannot
-// render the chat).
+// render the chat). Each turn end (turn_ends) is tokenized from its prompt's head.
 int64_t grow(const runtime::Model& model, const runtime::ChatTemplate& tmpl,
              const std::string& what, bool turn_ends = true) {
     RequestLimits limits;
@@ -78,19 +78,24 @@ int64_t grow(const runtime::Model& model, const runtime::ChatTemplate& tmpl,
         EXPECT_EQ(parsed.generation.prompt, model.tokenize(prompt, true, true))
             << what << " turn " << turn;
         const std::string& reply = replies[static_cast<size_t>(turn) % replies.size()];
-        if (turn_ends) {
-            parsed.generation.render_turn_end(reply);
-        }
         messages.push_back({"assistant", reply});
+        if (turn_ends) {
+            // The end of the turn, tokenized from the prompt's head, is exact too.
+            const auto turn_end = parsed.generation.render_turn_end(reply);
+            if (!parsed.chat_parser) {  // (else the reply's reasoning is taken apart)
+                EXPECT_EQ(turn_end, model.tokenize(tmpl.render(messages, false), true, true))
+                    << what << " turn end " << turn;
+            }
+        }
     }
     return static_cast<int64_t>(parser.prompt_tokens().stats().hits);
 }
 
 TEST(PromptTokenMemo, ModelTemplatesReuseTheTurnEndTokens) {
     // Qwen's <|im_start|> is a special token of the qwen3 vocab: every turn after the first
-    // is tokenized from the previous turn's end.
+    // is tokenized from the previous turn's end, and every turn end from its prompt.
     runtime::ChatTemplate qwen(qwen_model());
-    EXPECT_EQ(grow(qwen_model(), qwen, "qwen2.5 template, qwen3 vocab"), kTurns - 1);
+    EXPECT_EQ(grow(qwen_model(), qwen, "qwen2.5 template, qwen3 vocab"), 2 * kTurns - 1);
     runtime::ChatTemplate spm(spm_model());
     EXPECT_GE(grow(spm_model(), spm, "default template, llama-spm vocab"), 0);
 }
