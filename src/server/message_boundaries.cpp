@@ -4,7 +4,6 @@
 #include <cstring>
 #include <random>
 
-
 #include "cache/sha256.h"
 
 namespace skippy::server {

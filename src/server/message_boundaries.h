@@ -125,7 +125,7 @@ class MessageBoundaryFinder {
     class PrefixHasher;
 
     TextId text_id(const std::string& text) const;
-    bool lookup(const MemoKey& key, TextId& out) const;       // caller holds memo_mutex_
+    bool lookup(const MemoKey& key, TextId& out) const;  // caller holds memo_mutex_
     // The memo has `key` and the prompt starts with its text (id: that text's).
     bool remembered_prefix(const MemoKey& key, const std::string& prompt, TextId& id) const;
     void insert(const MemoKey& key, const TextId& id) const;  // caller holds memo_mutex_
