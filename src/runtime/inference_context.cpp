@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "ggml-cpu.h"
 #include "llama.h"
@@ -115,6 +116,24 @@ InferenceContext::~InferenceContext() {
         }
         delete threadpool_;
     }
+}
+
+void InferenceContext::warm_up() {
+    // (common_init_from_params's warm-up at the pinned llama.cpp.)
+    const llama_vocab* vocab = model_.vocab();
+    std::vector<llama_token> tokens;
+    for (const llama_token t : {llama_vocab_bos(vocab), llama_vocab_eos(vocab)}) {
+        if (t != LLAMA_TOKEN_NULL) {
+            tokens.push_back(t);
+        }
+    }
+    if (tokens.empty()) {
+        tokens.push_back(0);
+    }
+    (void)llama_decode(ctx_,
+                       llama_batch_get_one(tokens.data(), static_cast<int32_t>(tokens.size())));
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    llama_synchronize(ctx_);
 }
 
 uint32_t InferenceContext::n_ctx() const { return llama_n_ctx(ctx_); }

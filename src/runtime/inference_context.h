@@ -66,6 +66,11 @@ class InferenceContext {
     uint32_t n_ubatch() const { return options_.n_ubatch; }  // <= n_batch
     uint32_t n_seq_max() const { return options_.n_seq_max; }
 
+    // One throwaway decode of BOS + EOS, then all lanes cleared, as llama.cpp's tools do
+    // before serving: the model's weights are paged in and the kernels' buffers set up now
+    // rather than in the first request's prefill.
+    void warm_up();
+
     // ---- batch building and decoding ----
     void batch_clear();
     // Adds one token; returns its index in the batch (for logits_at).

@@ -76,6 +76,7 @@ Scheduler::Scheduler(const runtime::Model& model, SchedulerOptions options,
     }
     options_.context.n_seq_max = options_.lanes;
     context_ = std::make_unique<runtime::InferenceContext>(model_, options_.context);
+    context_->warm_up();  // (before the stage looks at the lanes: they are empty again)
     n_ctx_ = context_->n_ctx_seq();
     stage_->attach(*context_, options_.lanes);
     for (uint32_t i = 0; i < options_.lanes; ++i) {
