@@ -355,7 +355,8 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
     struct Head {
         size_t k = 0;
         bool generation_prompt = false;
-        bool known = false;  // the memo has its text and the prompt starts with it
+        bool in_memo = false;  // the memo has a text for it
+        bool known = false;    // ... and the prompt starts with that text
         TextId id;
     };
     std::vector<Head> heads;
@@ -377,8 +378,8 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
     if (text_map.valid()) {
         std::lock_guard<std::mutex> lock(memo_mutex_);
         for (auto& head : heads) {
-            head.known = lookup(MemoKey{keys[head.k], head.generation_prompt}, head.id) &&
-                         head.id.bytes <= prompt.size();
+            head.in_memo = lookup(MemoKey{keys[head.k], head.generation_prompt}, head.id);
+            head.known = head.in_memo && head.id.bytes <= prompt.size();
         }
     }
     // A remembered text counts only if the prompt starts with it: one pass of the prompt's
@@ -415,7 +416,7 @@ std::vector<int32_t> MessageBoundaryFinder::find(const std::vector<runtime::Chat
                 // is taken once it is done, not made again.
                 std::lock_guard<std::mutex> render_lock(render_mutex());
                 TextId id;
-                if (text_map.valid() && remembered_prefix(key, prompt, id)) {
+                if (!head.in_memo && text_map.valid() && remembered_prefix(key, prompt, id)) {
                     if (const size_t b = text_map.tokens_before(id.bytes); b > 0) {
                         boundaries.push_back(static_cast<int32_t>(b));
                     }
