@@ -68,12 +68,17 @@ def main():
             for name in order:
                 ask(ports[name], prompts.token_prompt(f"cold-il-a-{i}-{name}", args.tokens))
                 r = ask(ports[name], prompts.token_prompt(f"cold-il-{i}-{name}", args.tokens))
-                ttft[name].append(r.ttft_ms if r.ok else float("nan"))
+                # (llama-server's parser can reject a random model's output: the error comes
+                # with the first token, so its TTFT still counts.)
+                ok = r.ok or (r.output_rejected and r.ttft_ms is not None)
+                ttft[name].append(r.ttft_ms if ok else float("nan"))
                 time.sleep(1.0)
-        med = {name: statistics.median(v) for name, v in ttft.items()}
+        med = {name: statistics.median([x for x in v if x == x]) for name, v in ttft.items()}
         for name, v in ttft.items():
-            print(f"{name:7s} median {med[name]:7.1f} ms  {[round(x) for x in v]}")
-        paired = statistics.median(a / b for a, b in zip(ttft["on"], ttft["off"]))
+            print(f"{name:7s} median {med[name]:7.1f} ms  "
+                  f"{[round(x) if x == x else None for x in v]}")
+        paired = statistics.median(
+            [a / b for a, b in zip(ttft["on"], ttft["off"]) if a == a and b == b])
         print(f"cache on / off {med['on'] / med['off']:.3f} (paired {paired:.3f}), "
               f"disk off / cache off {med['nodisk'] / med['off']:.3f}, "
               f"cache on / llama-server {med['on'] / med['llama']:.3f}")
