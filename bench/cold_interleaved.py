@@ -14,15 +14,11 @@ The server order reverses every other index. Not a test (no assertions); run by 
 """
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_lib import prompts, servers  # noqa: E402
+from bench_lib import prompts, servers, side_by_side  # noqa: E402
 from run_bench import default_llama_server, default_skippy  # noqa: E402
 
 
@@ -36,59 +32,25 @@ def main():
     ap.add_argument("--tokens", type=int, default=1024)
     args = ap.parse_args()
 
-    cache_root = tempfile.mkdtemp(prefix="skippy-cold-il-")
+    def ask(port, prompt):
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True}
+        return servers.stream_request(port, "/v1/completions", body, 120)
+
+    def measure(i, name, port):
+        ask(port, prompts.token_prompt(f"cold-il-a-{i}-{name}", args.tokens))
+        return ask(port, prompts.token_prompt(f"cold-il-{i}-{name}", args.tokens))
+
     variants = {"on": [], "off": ["--cache-mode", "off"], "nodisk": ["--cache-disk", "off"]}
-    ports, procs = {}, []
-    try:
-        for name, extra in variants.items():
-            ports[name] = servers.free_port()
-            procs.append(subprocess.Popen(
-                [args.skippy, "serve", "--model", args.model, "--port", str(ports[name]),
-                 "--lanes", "1", "--ctx-size", "4096", "--threads", "2",
-                 "--cache-dir", os.path.join(cache_root, name)] + extra,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        ports["llama"] = servers.free_port()
-        procs.append(subprocess.Popen(
-            [args.llama_server, "-m", args.model, "--port", str(ports["llama"]),
-             "--parallel", "1", "-c", "4096", "-t", "2", "-tb", "2"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
-        def ask(port, prompt):
-            body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": True}
-            return servers.stream_request(port, "/v1/completions", body, 120)
-
-        for name, port in ports.items():  # up and warm
-            for _ in range(60):
-                if ask(port, prompts.token_prompt("warm", 16)).ok:
-                    break
-                time.sleep(1)
-        ttft = {name: [] for name in ports}
-        for i in range(args.prompts):
-            order = list(ports) if i % 2 == 0 else list(reversed(ports))
-            for name in order:
-                ask(ports[name], prompts.token_prompt(f"cold-il-a-{i}-{name}", args.tokens))
-                r = ask(ports[name], prompts.token_prompt(f"cold-il-{i}-{name}", args.tokens))
-                # (llama-server's parser can reject a random model's output: the error comes
-                # with the first token, so its TTFT still counts.)
-                ok = r.ok or (r.output_rejected and r.ttft_ms is not None)
-                ttft[name].append(r.ttft_ms if ok else float("nan"))
-                time.sleep(1.0)
-        med = {name: statistics.median([x for x in v if x == x]) for name, v in ttft.items()}
-        for name, v in ttft.items():
-            print(f"{name:7s} median {med[name]:7.1f} ms  "
-                  f"{[round(x) if x == x else None for x in v]}")
-        paired = statistics.median(
-            [a / b for a, b in zip(ttft["on"], ttft["off"]) if a == a and b == b])
-        print(f"cache on / off {med['on'] / med['off']:.3f} (paired {paired:.3f}), "
-              f"disk off / cache off {med['nodisk'] / med['off']:.3f}, "
-              f"cache on / llama-server {med['on'] / med['llama']:.3f}")
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
-        shutil.rmtree(cache_root, ignore_errors=True)
-
+    with side_by_side.started(args.skippy, args.llama_server, args.model, variants,
+                              4096) as ports:
+        side_by_side.wait_up(ports, lambda port: ask(port, prompts.token_prompt("warm", 16)))
+        ttft = side_by_side.interleave(ports, args.prompts, measure, 1.0)
+    med = side_by_side.report(ttft)
+    paired = statistics.median(
+        [a / b for a, b in zip(ttft["on"], ttft["off"]) if a == a and b == b])
+    print(f"cache on / off {med['on'] / med['off']:.3f} (paired {paired:.3f}), "
+          f"disk off / cache off {med['nodisk'] / med['off']:.3f}, "
+          f"cache on / llama-server {med['on'] / med['llama']:.3f}")
 
 if __name__ == "__main__":
     main()
