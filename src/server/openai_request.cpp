@@ -372,9 +372,9 @@ void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const
     // reply.)
     gen.message_boundaries = boundaries_.find(messages, keys, prompt, gen.prompt, *context);
     prompt_tokens_.remember_prompt(keys.back(), prompt, gen.prompt);
-    auto turn = std::make_shared<TurnEnd>(TurnEnd{
-        std::make_shared<const std::vector<runtime::ChatMessage>>(messages), context,
-        out.chat_parser, out.tool_call_id_base, keys.back()});
+    auto turn = std::make_shared<TurnEnd>(
+        TurnEnd{std::make_shared<const std::vector<runtime::ChatMessage>>(messages), context,
+                out.chat_parser, out.tool_call_id_base, keys.back()});
     gen.render_turn_end = [this, turn](const std::string& text) {
         return render_turn_end(*turn, text, true);
     };
@@ -399,6 +399,13 @@ std::vector<runtime::Token> OpenAiRequestParser::render_turn_end(const TurnEnd& 
     const cache::Digest turn_key = extend_message_key(turn.key, message);
     if (!always && boundaries_.remembers(turn_key, false)) {
         return {};
+    }
+    if (always) {
+        // The HTTP handler's background work rendered it after the response (the scheduler
+        // runs the end of a turn only once the server has been idle for a while).
+        if (auto tokens = prompt_tokens_.remembered(turn_key); !tokens.empty()) {
+            return tokens;
+        }
     }
     std::vector<runtime::ChatMessage> with_reply = *turn.history;
     with_reply.push_back(std::move(message));

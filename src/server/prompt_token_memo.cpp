@@ -110,6 +110,11 @@ std::vector<runtime::Token> PromptTokenMemo::tokenize_after(const std::string& t
     return whole(text);
 }
 
+std::vector<runtime::Token> PromptTokenMemo::remembered(const cache::Digest& key) const {
+    const auto head = find(key);
+    return head && !head->prompt ? head->tokens : std::vector<runtime::Token>{};
+}
+
 void PromptTokenMemo::remember(const cache::Digest& key, std::string text,
                                std::vector<runtime::Token> tokens) const {
     if (max_entries_ == 0) {

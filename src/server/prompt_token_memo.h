@@ -68,6 +68,9 @@ class PromptTokenMemo {
     void remember_prompt(const cache::Digest& key, const std::string& prompt,
                          const std::vector<runtime::Token>& tokens) const;
 
+    // The tokens remembered for the messages with identity `key` (remember()), or none.
+    std::vector<runtime::Token> remembered(const cache::Digest& key) const;
+
     Stats stats() const;
 
   private:

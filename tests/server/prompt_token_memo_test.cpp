@@ -110,6 +110,30 @@ TEST(PromptTokenMemo, AFollowUpBeforeTheTurnEndReusesThePromptTokens) {
     EXPECT_EQ(grow(chatml, spm, "default template, llama-spm-chatml vocab", false), kTurns - 1);
 }
 
+TEST(PromptTokenMemo, TheSchedulersTurnEndTakesTheTokensTheNextTurnWorkRemembered) {
+    // The HTTP handler prepares the next turn right after the response; the scheduler's end
+    // of the turn, later, takes those tokens instead of rendering and tokenizing again.
+    const runtime::Model& model = qwen_model();
+    runtime::ChatTemplate tmpl(model);
+    RequestLimits limits;
+    limits.n_ctx = 1 << 20;
+    OpenAiRequestParser parser(model, tmpl, {"m"}, limits);
+    std::vector<ChatMessage> messages = {{"system", "You are terse."}, {"user", "question"}};
+    nlohmann::json body = {{"messages", nlohmann::json::array()}};
+    for (const auto& m : messages) {
+        body["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    }
+    const ParsedRequest parsed = parser.parse(Endpoint::ChatCompletions, body.dump());
+    const std::string reply = "an answer";
+    parsed.prepare_next_turn(reply);
+    const auto before = parser.prompt_tokens().stats();
+    const auto turn_end = parsed.generation.render_turn_end(reply);
+    const auto after = parser.prompt_tokens().stats();
+    messages.push_back({"assistant", reply});
+    EXPECT_EQ(turn_end, model.tokenize(tmpl.render(messages, false), true, true));
+    EXPECT_EQ(after.hits + after.misses, before.hits + before.misses);  // nothing tokenized
+}
+
 TEST(PromptTokenMemo, EveryShippedTemplateTokenizesExactly) {
     const std::vector<std::filesystem::path> all = testing::shipped_chat_templates();
     ASSERT_GT(all.size(), 10u);
