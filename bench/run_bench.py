@@ -103,6 +103,11 @@ def parse_args(argv):
                    help="extra argument for every skippy serve (repeatable)")
     p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every llama-server (repeatable)")
+    p.add_argument("--pace", choices=["idle", "back-to-back"], default="idle",
+                   help="idle (default): workloads that send one request at a time run both "
+                        "servers side by side, requests taking turns, each sent once both "
+                        "servers are idle (bench_lib/lockstep.py); back-to-back: one server "
+                        "at a time, each request sent as soon as the previous one ended")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos: true (every request generates exactly max_tokens)")
     p.add_argument("--strict-match", action="store_true",
@@ -285,7 +290,7 @@ def main(argv):
             "llama_mode": args.llama_mode, "lane_ctx": profile["lane_ctx"],
             "batch": settings.batch_size(), "flash_attn": args.flash_attn,
             "llama_api": args.llama_api, "ignore_eos": args.ignore_eos,
-            "replies": args.replies,
+            "replies": args.replies, "pace": args.pace,
             "skippy": args.skippy, "llama_server": args.llama_server,
             "llama_version": tool_version([args.llama_server, "--version"]),
             "git": git_describe(), "git_info": summary.git_info(REPO),
@@ -332,7 +337,7 @@ def main(argv):
                                        ignore_eos=args.ignore_eos)
         mres = results["models"][name]
         for w in chosen:
-            runs = workloads.measure(model_run, w)
+            runs = workloads.measure(model_run, w, args.pace)
             commands = {}
             for run in runs:
                 if run.get("argv") and run["variant"] not in commands:

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 
-from . import config, prompts, servers, stats
+from . import config, lockstep, prompts, servers, stats
 from .servers import Variant
 
 
@@ -31,12 +31,21 @@ class Deadline:
 class Client:
     """Greedy streaming requests against one server; identical bodies for both servers."""
 
-    def __init__(self, port, request_timeout, deadline, native=False, ignore_eos=False):
+    def __init__(self, port, request_timeout, deadline, native=False, ignore_eos=False,
+                 gate=None):
         self.port = port
         self.request_timeout = request_timeout
         self.deadline = deadline
         self.native = native  # llama-server's /completion instead of the OpenAI endpoints
         self.ignore_eos = ignore_eos
+        self.gate = gate  # (lockstep.Lockstep, label) in a paced run: every request takes turns
+
+    def _send(self, path, body):
+        if self.gate is None:
+            return servers.stream_request(self.port, path, body, self._timeout())
+        steps, label = self.gate
+        return steps.request(
+            label, lambda: servers.stream_request(self.port, path, body, self._timeout()))
 
     def _timeout(self):
         # Never wait far past the run's deadline, but always give a started request a chance.
@@ -53,14 +62,14 @@ class Client:
     def completion(self, prompt_ids, max_tokens):
         path = "/completion" if self.native else "/v1/completions"
         body = self._body(max_tokens, prompt=list(prompt_ids))
-        return servers.stream_request(self.port, path, body, self._timeout())
+        return self._send(path, body)
 
     def chat(self, messages, max_tokens):
         if self.native:  # the harness renders the model's ChatML template (same tokens)
             body = self._body(max_tokens, prompt=prompts.render_chatml(messages))
-            return servers.stream_request(self.port, "/completion", body, self._timeout())
+            return self._send("/completion", body)
         body = self._body(max_tokens, messages=messages)
-        return servers.stream_request(self.port, "/v1/chat/completions", body, self._timeout())
+        return self._send("/v1/chat/completions", body)
 
 
 def record(timed, **fields):
@@ -112,6 +121,13 @@ class Workload:
     def variants(self):
         return skippy_and_llama(1)
 
+    # Whether run_once sends one request at a time through client (a paced run can then
+    # run the variants side by side, their requests taking turns: measure()).
+    paced = False
+
+    def paceable(self):
+        return self.paced
+
     def run_once(self, client, deadline):
         """Returns (records, extra dict)."""
         raise NotImplementedError
@@ -133,6 +149,7 @@ def headline(runs, keep=lambda r: True):
 class FamilyTable(Workload):
     """Shared prefix of P tokens + 1 new token, 1 generated token. The first request per
     prefix is cold; the next `reps` change only the last token (warm hits)."""
+    paced = True
     name = "family"
     title = "Family table: warm prefix hit, 1 new token, 1 generated token"
 
@@ -163,6 +180,7 @@ class MultiTurnChat(Workload):
     """`conversations` chats of `turns` turns each, interleaved (turn 1 of every chat, then
     turn 2, ...), all sharing one system prompt. The assistant turn sent back is scripted
     (identical prompts on every server) or, with replies=generated, the server's reply."""
+    paced = True
     name = "chat"
     title = "Multi-turn chat: interleaved conversations sharing a system prompt"
 
@@ -204,6 +222,7 @@ class MultiSession(Workload):
     clients in that order. A lane can hold only a few conversations, so from turn 2 on the
     history must come back from the server's cache (skippy's prefix cache, llama-server's
     host-RAM prompt cache) or be prefilled again. Headline: median TTFT over turns >= 2."""
+    paced = True
     name = "multisession"
     title = "Multi-session: more conversations than lanes, round-robin"
 
@@ -217,6 +236,9 @@ class MultiSession(Workload):
             "replies": {(i, t): texts.text(f"ms-reply-{i}-{t}", 2 * c["max_tokens"])
                         for i in range(c["conversations"]) for t in range(c["turns"])},
         }
+
+    def paceable(self):  # one client: one request at a time
+        return max(1, self.cfg.get("clients", self.cfg["lanes"])) == 1
 
     def variants(self):
         return skippy_and_llama(self.cfg["lanes"])
@@ -277,6 +299,7 @@ class AgentLoop(Workload):
     """One growing context: each turn sends the history, then appends the assistant's tool
     call (scripted, or the server's reply with replies=generated) and a 200-500 token tool
     result, until `max_context` tokens."""
+    paced = True
     name = "agent"
     title = "Agent loop: one growing context, tool results appended every turn"
 
@@ -336,6 +359,7 @@ class AgentEdits(Workload):
     truncated stub ("rewrite_tool"), before others it drops the reasoning text of all but the
     two latest assistant turns ("drop_reasoning"); other requests only append ("append").
     An edit changes the prompt in the middle: only the prefix before it can be reused."""
+    paced = True
     name = "agent_edits"
     title = "Agent with history edits: rewritten tool results, dropped reasoning"
 
@@ -515,6 +539,7 @@ class Concurrency(Workload):
 class ColdPath(Workload):
     """Unique prompts only (nothing to hit): what recording costs. skippy with the cache
     (lookup-record) vs skippy --cache-mode off, llama-server as a reference."""
+    paced = True
     name = "cold"
     title = "Cold path: unique prompts, cost of lookup + record"
 
@@ -604,8 +629,11 @@ class ModelRun:
     ignore_eos: bool = False
 
 
-def measure(model, workload):
-    """Runs `workload` for rounds x variants, one fresh server at a time, in ABBA order."""
+def measure(model, workload, pace="idle"):
+    """Runs `workload` for rounds x variants in ABBA order. pace "idle": a workload that sends
+    one request at a time runs its variants side by side, requests taking turns on idle
+    servers (lockstep.py); else (and pace "back-to-back") one fresh server at a time, each
+    request sent as soon as the previous one ended."""
     if hasattr(workload, "calibrate"):  # per-model settings, from an unmeasured server
         workload.calibrate(model)
     runs = []
@@ -615,22 +643,21 @@ def measure(model, workload):
     # speed across a round hits each server as often first as last.
     for rnd in range(workload.cfg.get("rounds", model.rounds)):
         variants = list(workload.variants())
-        for variant in (reversed(variants) if rnd % 2 else variants):
-            runs.append(_one_run(model, workload, variant, rnd))
+        order = list(reversed(variants)) if rnd % 2 else variants
+        if pace == "idle" and workload.paceable():
+            runs.extend(_paced_round(model, workload, order, rnd))
+        else:
+            runs.extend(_one_run(model, workload, variant, rnd) for variant in order)
     return runs
 
 
-def _one_run(model, workload, variant, rnd):
+def _start(model, workload, variant, rnd, cache_dir=None):
+    """(run, server): a fresh server for one run and its record, or (run with error, None)."""
     run = {"variant": variant.label, "round": rnd, "records": [], "extra": {}, "metrics": {},
            "error": None}
     log_path = None
     if model.log_dir:
         log_path = f"{model.log_dir}/{model.name}-{workload.name}-{variant.label}-r{rnd}.log"
-    started = time.monotonic()
-    # A workload that restarts the server keeps one cache folder across the restart.
-    cache_dir = None
-    if getattr(workload, "restarts", False) and variant.is_skippy:
-        cache_dir = tempfile.mkdtemp(prefix="skippy-bench-restart-")
     try:
         server = servers.start_server(model.bins, model.settings, variant, model.path,
                                       workload.server_ctx(variant), log_path,
@@ -638,49 +665,128 @@ def _one_run(model, workload, variant, rnd):
     except servers.ServerError as e:
         run["error"] = str(e)
         model.progress(f"  {workload.name} r{rnd} {variant.label}: SERVER FAILED\n{e}")
-        return run
-    try:
-        run["argv"] = server.argv
-        run["startup_log"] = [l.rstrip() for l in list(server.log)[:12]]
-        deadline = Deadline(workload.cfg["deadline_s"])
-        native = not variant.is_skippy and model.settings.llama_api == "native"
-        client = Client(server.port, model.request_timeout, deadline, native,
-                        model.ignore_eos)
-        warm = client.completion(prompts.token_prompt("warmup", 16), 2)
-        if not warm.ok:
-            run["error"] = f"warmup request failed: {warm.error}"
-        before = []
-        if getattr(workload, "restarts", False):
-            before = workload.prepare_once(client, deadline)
-            server.stop()  # SIGTERM: skippy writes what it recorded to its disk tier
-            server = servers.start_server(model.bins, model.settings, variant, model.path,
-                                          workload.server_ctx(variant), log_path,
-                                          cache_dir=cache_dir)
-            client = Client(server.port, model.request_timeout, deadline, native,
-                            model.ignore_eos)
-        records, extra = workload.run_once(client, deadline)
-        records = before + records
-        for r in records:
-            r["variant"], r["round"] = variant.label, rnd
-        run["records"], run["extra"] = records, extra
-        if variant.is_skippy:
-            run["metrics"] = {k: v for k, v in servers.scrape_metrics(server.port).items()
-                              if k.startswith("skippy_")}
-        if not server.alive():
-            run["error"] = f"server exited during the run:\n{server.log_tail()}"
-    finally:
-        server.stop()
-        if cache_dir:
-            shutil.rmtree(cache_dir, ignore_errors=True)
-    run["wall_s"] = time.monotonic() - started
+        return run, None
+    run["argv"] = server.argv
+    run["startup_log"] = [l.rstrip() for l in list(server.log)[:12]]
+    return run, server
+
+
+def _client(model, variant, server, deadline, gate=None):
+    native = not variant.is_skippy and model.settings.llama_api == "native"
+    return Client(server.port, model.request_timeout, deadline, native, model.ignore_eos, gate)
+
+
+def _warm_up(run, client):
+    warm = client.completion(prompts.token_prompt("warmup", 16), 2)
+    if not warm.ok:
+        run["error"] = f"warmup request failed: {warm.error}"
+
+
+def _finish(model, workload, variant, rnd, run, server, records, extra):
+    """Fills `run` with the records and the server's metrics, checks it is still up."""
+    for r in records:
+        r["variant"], r["round"] = variant.label, rnd
+    run["records"], run["extra"] = records, extra
+    if variant.is_skippy:
+        run["metrics"] = {k: v for k, v in servers.scrape_metrics(server.port).items()
+                          if k.startswith("skippy_")}
+    if not server.alive():
+        run["error"] = f"server exited during the run:\n{server.log_tail()}"
+
+
+def _progress(model, workload, variant, rnd, run):
     s = stats.summarize(run["records"])
     p50 = s["ttft_p50_ms"]
     model.progress(f"  {workload.name:<11} r{rnd} {variant.label:<12} {s['n']:>3} ok "
                    f"{s['errors']:>2} err  ttft p50 "
                    f"{'-' if p50 is None else f'{p50:9.1f}'} ms  cached/req "
                    f"{_fmt(s['cached_tokens_mean'])}  {run['wall_s']:6.1f}s"
+                   + ("  paced" if run.get("paced") else "")
                    + ("  TRUNCATED" if run["extra"].get("truncated") else ""))
+
+
+def _one_run(model, workload, variant, rnd):
+    started = time.monotonic()
+    # A workload that restarts the server keeps one cache folder across the restart.
+    cache_dir = None
+    if getattr(workload, "restarts", False) and variant.is_skippy:
+        cache_dir = tempfile.mkdtemp(prefix="skippy-bench-restart-")
+    run, server = _start(model, workload, variant, rnd, cache_dir)
+    if server is None:
+        return run
+    try:
+        deadline = Deadline(workload.cfg["deadline_s"])
+        client = _client(model, variant, server, deadline)
+        _warm_up(run, client)
+        before = []
+        if getattr(workload, "restarts", False):
+            before = workload.prepare_once(client, deadline)
+            server.stop()  # SIGTERM: skippy writes what it recorded to its disk tier
+            server = servers.start_server(model.bins, model.settings, variant, model.path,
+                                          workload.server_ctx(variant), server.log_path,
+                                          cache_dir=cache_dir)
+            client = _client(model, variant, server, deadline)
+        records, extra = workload.run_once(client, deadline)
+        _finish(model, workload, variant, rnd, run, server, before + records, extra)
+    finally:
+        server.stop()
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    run["wall_s"] = time.monotonic() - started
+    _progress(model, workload, variant, rnd, run)
     return run
+
+
+def _paced_round(model, workload, variants, rnd):
+    """One round with every variant's server up at once, their requests taking turns in
+    `variants` order on idle servers (lockstep.py). Returns the runs in that order."""
+    started = time.monotonic()
+    live, runs = [], []
+    try:
+        for variant in variants:
+            run, server = _start(model, workload, variant, rnd)
+            runs.append(run)
+            if server is not None:
+                live.append((variant, run, server))
+        # One run's deadline per variant: the runs share the wall clock.
+        deadline = Deadline(workload.cfg["deadline_s"] * max(1, len(live)))
+        steps = lockstep.Lockstep([v.label for v, _, _ in live],
+                                  [server.proc.pid for _, _, server in live])
+        outcome = {}
+
+        def go(variant, run, server):
+            client = _client(model, variant, server, deadline, (steps, variant.label))
+            try:
+                outcome[variant.label] = workload.run_once(client, deadline)
+            except Exception as e:  # the other runs go on; this one reports it
+                outcome[variant.label] = ([], {})
+                run["error"] = f"{type(e).__name__}: {e}"
+            finally:
+                steps.leave(variant.label)
+
+        for variant, run, server in live:
+            _warm_up(run, _client(model, variant, server, deadline))
+        threads = [threading.Thread(target=go, args=entry, daemon=True) for entry in live]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for variant, run, server in live:
+            records, extra = outcome.get(variant.label, ([], {}))
+            error = run["error"]
+            _finish(model, workload, variant, rnd, run, server, records, dict(extra))
+            run["error"] = run["error"] or error
+            run["paced"] = True
+            run["extra"]["idle_wait_s"] = steps.waited_s
+            run["extra"]["paced_requests"] = steps.requests
+    finally:
+        for _, _, server in live:
+            server.stop()
+    wall = time.monotonic() - started
+    for variant, run in zip(variants, runs):
+        run["wall_s"] = wall
+        _progress(model, workload, variant, rnd, run)
+    return runs
 
 
 def _fmt(v):
