@@ -60,6 +60,31 @@ std::deque<StreamEvent> GenerationStream::take_all(std::chrono::milliseconds tim
     return out;
 }
 
+void GenerationStream::expect_handoff() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    handoff_expected_ = true;
+}
+
+void GenerationStream::handed_off() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (handed_off_) {
+            return;
+        }
+        handed_off_ = true;
+    }
+    handoff_.notify_all();
+}
+
+void GenerationStream::await_handoff(std::chrono::microseconds limit) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!handoff_expected_) {
+        return;
+    }
+    handoff_expected_ = false;  // once per stream
+    handoff_.wait_for(lock, limit, [&] { return handed_off_ || cancelled(); });
+}
+
 bool GenerationStream::closed() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return closed_;

@@ -604,6 +604,9 @@ struct ChoiceRun {
         }
         writer->prepare_choice(choice, gen);
         stream = std::make_shared<GenerationStream>();
+        if (parsed->stream) {
+            stream->expect_handoff();
+        }
         return scheduler.submit(std::move(gen), stream);
     }
 };
@@ -716,6 +719,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                             run->stream->cancel();
                             return false;
                         }
+                        run->stream->handed_off();
                         out.clear();
                         continue;
                     }

@@ -15,6 +15,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 constexpr auto kIdleFlushDelay = std::chrono::milliseconds(50);
+// The longest the scheduler waits for a streamed response's handler to write its first delta
+// (GenerationStream::await_handoff); a handler that gets a core writes in ~0.1 ms.
+constexpr auto kFirstOutputHandoff = std::chrono::microseconds(3000);
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -527,6 +530,7 @@ void Scheduler::sample_slot(Slot& slot, int32_t batch_index) {
     if (!text.empty()) {
         slot.stream->push_delta(std::move(text), std::move(slot.unsent_tokens));
         slot.unsent_tokens.clear();
+        slot.stream->await_handoff(kFirstOutputHandoff);  // (waits once, streamed only)
     }
     const auto held = static_cast<size_t>(slot.n_prefilled + slot.n_decoded);
     if (slot.n_sampled >= slot.request.max_tokens || held + 1 >= static_cast<size_t>(n_ctx_)) {
