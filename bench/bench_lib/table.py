@@ -128,9 +128,15 @@ def describe_run(results):
            "equal settings on both (flash attention off, batch 512, llama-server "
            "--kv-unified)")
     date = (summary.get("date") or "?").replace("T", " ")
+    pace = meta.get("pace") or "back-to-back"
+    paced = ("pace `idle`: chat, multi-session, agent, family and cold requests take turns on "
+             "servers running side by side, each sent once both are idle; concurrency, restart "
+             "and larger than RAM one server at a time" if pace == "idle" else
+             "pace `back-to-back`: one server at a time, each request sent as soon as the "
+             "previous one ended")
     lines = [
         f"Run {date}, commit `{commit}`, profile `{summary.get('profile')}`, "
-        f"llama-server mode `{mode}`: {how}.",
+        f"llama-server mode `{mode}`: {how}; {paced}.",
         f"Command: `{summary.get('command')}`.",
         f"Ratios skippy / llama-server of the median TTFT (**bold** = skippy faster; for "
         f"tokens/s above 1.00 is faster), medians in parentheses. Output mismatches: "
