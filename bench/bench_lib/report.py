@@ -75,7 +75,11 @@ def markdown(results, plots):
     mode = meta.get("llama_mode", "equal")
     out = [f"# skippy benchmark ({meta['mode']})\n",
            f"Run {meta['started']}, {meta['duration_s'] / 60:.1f} min. {meta['machine']}. "
-           f"Servers started one at a time, `--threads {meta['threads']}`, "
+           + ("Paced (`--pace idle`): workloads that send one request at a time run the "
+              "round's servers side by side, requests taking turns, each sent once both are "
+              "idle; concurrency, restart and larger than RAM one server at a time. "
+              if meta.get("pace") == "idle" else "Servers run one at a time. ")
+           + f"`--threads {meta['threads']}`, "
            f"{meta['rounds']} rounds per workload in ABBA order (a fresh server per run), "
            f"{meta.get('lane_ctx', meta.get('ctx'))} KV cells per lane unless the workload "
            f"says otherwise, greedy (temperature 0), streaming; TTFT is measured "
