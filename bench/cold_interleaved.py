@@ -12,7 +12,6 @@ The server order reverses every other index. Not a test (no assertions); run by 
 
   python3 bench/cold_interleaved.py --model ~/.cache/skippy/bench-models/bench-full-llama-*.gguf
 """
-import argparse
 import os
 import statistics
 import sys
@@ -23,11 +22,7 @@ from run_bench import default_llama_server, default_skippy  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--skippy", default=default_skippy())
-    ap.add_argument("--llama-server", default=default_llama_server())
+    ap = side_by_side.arg_parser(__doc__, default_skippy(), default_llama_server())
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=1024)
     args = ap.parse_args()

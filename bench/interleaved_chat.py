@@ -13,7 +13,6 @@ The server order reverses every other repetition. Not a test (no assertions); ru
 
   python3 bench/interleaved_chat.py --model ~/.cache/skippy/bench-models/bench-full-llama-*.gguf
 """
-import argparse
 import os
 import random
 import sys
@@ -37,11 +36,7 @@ def chat(port, messages):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--skippy", default=default_skippy())
-    ap.add_argument("--llama-server", default=default_llama_server())
+    ap = side_by_side.arg_parser(__doc__, default_skippy(), default_llama_server())
     ap.add_argument("--mode", choices=["cold", "append"], default="cold")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--ctx-size", default="16384")

@@ -2,11 +2,13 @@
 a time) so that this machine's speed phases hit every server alike: bench/cold_interleaved.py
 and bench/interleaved_chat.py.
 
+  args = side_by_side.arg_parser(__doc__, default_skippy(), default_llama_server()).parse_args()
   with side_by_side.started(skippy, llama_server, model, {"on": [], "off": [...]}, "4096") as ports:
       side_by_side.wait_up(ports, probe)
       times = side_by_side.interleave(ports, reps, measure, pause_s)
       med = side_by_side.report(times)
 """
+import argparse
 import contextlib
 import os
 import shutil
@@ -16,6 +18,17 @@ import tempfile
 import time
 
 from . import servers
+
+
+def arg_parser(doc, skippy, llama_server):
+    """The options every side-by-side script takes: --model (required), --skippy and
+    --llama-server (defaulting to the binaries given); add the script's own to it."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--skippy", default=skippy)
+    ap.add_argument("--llama-server", default=llama_server)
+    return ap
 
 
 @contextlib.contextmanager
