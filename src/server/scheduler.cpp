@@ -25,6 +25,7 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 stage::PromptInfo lookup_info(const GenerationRequest& request) {
     stage::PromptInfo info;
     info.tokens = std::span<const runtime::Token>(request.prompt);
+    info.message_boundaries = request.message_boundaries;  // (the body end: plan.h)
     info.cache_namespace = request.cache_namespace;
     info.cache_enabled = request.cache_enabled;
     return info;
@@ -109,13 +110,8 @@ void Scheduler::stop() {
 Admission Scheduler::submit(GenerationRequest request, std::shared_ptr<GenerationStream> stream) {
     if (request.cache_enabled && !request.prompt.empty()) {
         // On the caller's thread: a slower tier's I/O delays only this request.
-        stage::PromptInfo info;
-        info.tokens = std::span<const runtime::Token>(request.prompt);
-        info.cache_namespace = request.cache_namespace;
-        info.cache_enabled = request.cache_enabled;
-        info.message_boundaries = request.message_boundaries;  // (the body end: plan.h)
         try {
-            stage_->prefetch(info);
+            stage_->prefetch(lookup_info(request));
         } catch (const std::exception& e) {
             std::fprintf(stderr, "skippy: cache prefetch failed: %s\n", e.what());
         }
@@ -221,6 +217,7 @@ void Scheduler::run() {
             yield_post_turn();
         }
         admit_pending(admitted);
+        hold_for_waiting();
         if (lanes_busy_.load() > 0) {
             if (!foreground_busy_) {
                 foreground_busy_ = true;
@@ -257,6 +254,24 @@ void Scheduler::yield_post_turn() {
             // What was prefilled of the turn so far is canonical and stays in the lane.
             release_slot(*slot, static_cast<size_t>(slot->n_prefilled), false);
             return;  // one lane per iteration; the waiting request takes it next
+        }
+    }
+}
+
+void Scheduler::hold_for_waiting() {
+    // Lanes pause where a waiting request will copy them (StageBackend::hold_for_peer), set
+    // again for every step; only while a lane is free for it, so no lane ever waits for a
+    // request that cannot start.
+    stage_->clear_holds();
+    if (lanes_busy_.load() == options_.lanes) {
+        return;
+    }
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    // (The head of the queue: those further back start after it, when holds are set again.)
+    size_t left = 2 * static_cast<size_t>(options_.lanes);
+    for (auto it = incoming_.begin(); it != incoming_.end() && left > 0; ++it, --left) {
+        if (!it->stream->cancelled() && !continues_post_turn(it->request.prompt)) {
+            stage_->hold_for_peer(lookup_info(it->request));
         }
     }
 }
@@ -565,9 +580,15 @@ void Scheduler::step() {
     });
     auto budget = static_cast<int32_t>(context_->n_batch());
     for (Slot* slot : order) {
+        const int32_t hold = slot->post_turn ? -1 : stage_->hold_point(slot->lane);
         while (slot->active && !slot->generating && budget > 0 &&
-               slot->next_chunk < slot->plan.chunk_ends.size()) {
-            budget -= slot->plan.chunk_ends[slot->next_chunk] - slot->n_prefilled;
+               slot->next_chunk < slot->plan.chunk_ends.size() && slot->n_prefilled != hold) {
+            auto& ends = slot->plan.chunk_ends;
+            if (hold > slot->n_prefilled && hold < ends[slot->next_chunk]) {
+                // A pause inside this chunk: two exact chunks (the stage chose the point).
+                ends.insert(ends.begin() + static_cast<std::ptrdiff_t>(slot->next_chunk), hold);
+            }
+            budget -= ends[slot->next_chunk] - slot->n_prefilled;
             prefill_chunk(*slot);
         }
         if (budget <= 0) {

@@ -122,6 +122,8 @@ class Scheduler {
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
     // The stage would rather have the request wait for a busy lane's prefill (its prefix),
     // or for one of the requests starting in this step.
+    // Before a step: pauses of busy lanes for the requests that wait to copy them.
+    void hold_for_waiting();
     bool waits_for_peer(const GenerationRequest& request,
                         const std::deque<Pending>& starting) const;
     // Ends turn-end work that holds a lane a waiting request needs.

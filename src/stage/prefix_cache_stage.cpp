@@ -431,6 +431,8 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
             plan.checkpoints.push_back(p);
         }
     }
+    state.chunk_ends = plan.chunk_ends;  // where a request waiting for this lane may copy it
+    state.hold = -1;
     return plan;
 }
 
@@ -498,6 +500,8 @@ Plan PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId 
     // The lane's cells change from here on: no peer copies from it until it is released.
     state.prompt.clear();
     state.prefilled = 0;
+    state.chunk_ends.clear();
+    state.hold = -1;
     if (!records_enabled(prompt) || end < n + 2) {
         return plan;
     }
@@ -557,6 +561,8 @@ void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
     state.last_used = ++clock_;
     state.busy = false;
     state.prompt.clear();
+    state.chunk_ends.clear();
+    state.hold = -1;
     state.tokens.assign(canonical.begin(), canonical.end());
     if (turn_end) {
         // The end of the turn was prefilled in body chunks from inside the body.

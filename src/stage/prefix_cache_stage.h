@@ -71,6 +71,9 @@ class PrefixCacheStage final : public StageBackend {
     void prefilled(SeqId lane, int32_t n_tokens) override;
     bool waits_for_peer(const PromptInfo& prompt,
                         std::span<const std::span<const Token>> starting) const override;
+    void clear_holds() override;
+    void hold_for_peer(const PromptInfo& prompt) override;
+    int32_t hold_point(SeqId lane) const override;
     bool wants_turn_end(const PromptInfo& prompt) const override;
     void prefetch(const PromptInfo& prompt) override;
     void set_busy(bool busy) override;
@@ -133,10 +136,21 @@ class PrefixCacheStage final : public StageBackend {
         bool busy = false;
         std::vector<Token> prompt;
         int32_t prefilled = 0;
+        // The chunk ends of that prefill (its plan), and where it pauses for a request that
+        // copies its state there (hybrid/recurrent, prefix_cache_peer.cpp; -1: nowhere).
+        std::vector<int32_t> chunk_ends;
+        int32_t hold = -1;
     };
     struct PeerMatch {
         SeqId lane = -1;
         int32_t tokens = 0;
+    };
+    // Hybrid/recurrent: the busy lane a request can copy the most from at a pause of its
+    // prefill (`tokens`: that point, 0 if none), and whether the lane is there now.
+    struct PeerPause {
+        SeqId lane = -1;
+        int32_t tokens = 0;
+        bool ready = false;
     };
 
     bool lookups_enabled(const PromptInfo& prompt) const;
@@ -154,8 +168,9 @@ class PrefixCacheStage final : public StageBackend {
                     const cache::NamespaceId& ns, LookupEvent& event);
     bool import_entry(runtime::InferenceContext& context, SeqId lane, const cache::ExactHit& hit,
                       bool recurrent_only, std::string& reason, LookupEvent& event);
-    // Dense models: the longest prefix of the prompt another lane (busy or idle) holds as
-    // exact state for it, and the copy of it into `lane` (prefix_cache_peer.cpp).
+    // The longest prefix of the prompt another lane holds as exact state for it (dense: a
+    // busy or idle lane; hybrid/recurrent: a busy lane paused there), and the copy of it
+    // into `lane` (prefix_cache_peer.cpp).
     PeerMatch best_peer(SeqId lane, const cache::NamespaceId& ns, const PromptInfo& prompt) const;
     // The prefix a busy lane's prompt shares with `prompt` that it has or will have prefilled
     // in the body regime.
@@ -163,6 +178,17 @@ class PrefixCacheStage final : public StageBackend {
                             std::span<const Token> prompt, int32_t limit) const;
     bool copy_from_peer(runtime::InferenceContext& context, SeqId lane, const PeerMatch& peer,
                         LookupEvent& event);
+    // The longest r <= `want` where the busy lane's prefill can pause (a chunk end of its
+    // plan, or a split of one of its body chunks into two of at least the body minimum)
+    // and whose state is exact for a prompt of n tokens with body end b (0: none).
+    int32_t pause_point(const LaneState& lane, int32_t want, int32_t b, int32_t n) const;
+    PeerPause best_pause(const cache::NamespaceId& ns, const PromptInfo& prompt) const;
+    // What the request gets without waiting: an idle lane's match, or a stored entry within
+    // `up_to` tokens (peeked only when the store's lock is free).
+    int32_t available_now(const cache::NamespaceId& ns, const PromptInfo& prompt,
+                          int32_t up_to) const;
+    bool waits_for_recurrent_peer(const PromptInfo& prompt,
+                                  std::span<const std::span<const Token>> starting) const;
     void update_lane_gauge();
     void apply_forget_lanes();
     void flush_lane(runtime::InferenceContext& context, SeqId lane);

@@ -7,6 +7,8 @@
 //   plan = plan(ctx, lane, prompt)            -> restore + chunk ends + checkpoints
 //   checkpoint(ctx, lane, prompt, n)          -> at each plan.checkpoints position
 //   prefilled(lane, n)                        -> at each chunk end of the prompt
+//   (between steps) waits_for_peer / hold_for_peer / hold_point: a queued request that
+//   shares a head with a busy lane waits for it, and that lane pauses where it is copied
 //   ... decode the reply ...
 //   plan = begin_turn_end(ctx, lane, prompt, turn, max_chunk); if (plan.n_restored >= 0)
 //       prefill turn[plan.n_restored, end) in its chunks    -> checkpoint() at its checkpoints
@@ -65,6 +67,15 @@ class StageBackend {
                                 std::span<const std::span<const Token>> /*starting*/) const {
         return false;
     }
+    // Pauses for waiting requests (models with recurrent state, whose state exists only where
+    // a prefill pauses): before each step the scheduler clears them, then calls hold_for_peer
+    // for each request that waits and could be given a lane; during the step a lane's prefill
+    // stops when it reaches hold_point(lane) (-1: none), splitting a chunk there if needed
+    // (the stage holds a lane only where both halves are exact chunks), so that the waiting
+    // request copies the lane's state at that point before the step after.
+    virtual void clear_holds() {}
+    virtual void hold_for_peer(const PromptInfo& /*prompt*/) {}
+    virtual int32_t hold_point(SeqId /*lane*/) const { return -1; }
     // The prefill reached plan checkpoint `n_tokens`.
     virtual void checkpoint(runtime::InferenceContext& /*context*/, SeqId /*lane*/,
                             const PromptInfo& /*prompt*/, int32_t /*n_tokens*/) {}

@@ -449,24 +449,35 @@ TEST_P(ExactLogitsTest, ConcurrentRequestsKeepPrefillLogitsExact) {
 
 TEST_P(ExactLogitsTest, ConcurrentRequestsWithASharedHeadPrefillItOnce) {
     // Nothing cached: the second request waits while the first prefills the shared head,
-    // then copies it from the first one's lane (dense models; the others compute it again).
+    // then copies it from the first one's lane (hybrid/recurrent models: the first lane
+    // pauses where the second copies its state), and both first tokens have the cold
+    // logits. With a 450-token head the first lane's chunk [384, 512) is split for the pause
+    // (at 448 with flash attention: both halves at least 64 rows).
+    struct Shape {
+        size_t head;
+        std::initializer_list<size_t> rest;
+    };
     std::mt19937 rng(47);
-    const auto prompts = shared_head_prompts(rng, 400, {70, 100});
-    const std::vector<Result> solo = run_each(*off_, prompts, 2);
-    const std::vector<Result> got = run_concurrently(*on_, prompts, 2);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        EXPECT_TRUE(same_bits(got[i].logits, solo[i].logits, 1)) << "request " << i;
+    for (const Shape& shape : {Shape{400, {70, 100}}, Shape{450, {300, 320}}}) {
+        const auto head = static_cast<int32_t>(shape.head);
+        const auto prompts = shared_head_prompts(rng, shape.head, shape.rest);
+        const std::vector<Result> solo = run_each(*off_, prompts, 2);
+        const std::vector<Result> got = run_concurrently(*on_, prompts, 2);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            EXPECT_TRUE(same_bits(got[i].logits, solo[i].logits, 1))
+                << "head " << head << ", request " << i;
+        }
+        const int32_t copied = std::max(got[0].stats.cached_tokens, got[1].stats.cached_tokens);
+        // Dense: the second request waits until the first is within 64 tokens of the shared
+        // head's end, then copies what it has. Hybrid/recurrent: the first pauses at the
+        // longest point of the head where the chunks around it stay exact (the rule's limits
+        // are far below).
+        EXPECT_GE(copied, head - 64) << "head " << head;
+        EXPECT_LE(copied, head);
+        std::printf("[exact] %s: shared head of %d tokens, %d copied from the peer lane\n",
+                    arch_.c_str(), head, copied);
+        wait_recorded(*on_, *stage_);
     }
-    const int32_t copied = std::max(got[0].stats.cached_tokens, got[1].stats.cached_tokens);
-    if (arch_ == "llama") {
-        // The second request waits until the first is within 64 tokens of the shared
-        // head's end, then copies what it has (the rule's limits are far below).
-        EXPECT_GE(copied, 400 - 64);
-        EXPECT_LE(copied, 400);
-    }
-    std::printf("[exact] %s: shared head of 400 tokens, %d copied from the peer lane\n",
-                arch_.c_str(), copied);
-    wait_recorded(*on_, *stage_);
 }
 
 TEST_P(ExactLogitsTest, AHeadSharedByConcurrentRequestsIsRecordedForTheNextOne) {
