@@ -146,6 +146,10 @@ bool PrefixCacheStage::waits_for_peer(const PromptInfo& prompt,
         have = std::max(have, stored);
         coming = std::max(coming, shared_with_starting);
     }
+    return worth_waiting(coming, have);
+}
+
+bool PrefixCacheStage::worth_waiting(int32_t coming, int32_t have) const {
     return coming >= 2 * static_cast<int32_t>(policy_.min_tokens) &&
            coming - have >= kPeerWaitMinTokens;
 }
@@ -224,14 +228,10 @@ bool PrefixCacheStage::waits_for_recurrent_peer(
     const PromptInfo& prompt, std::span<const std::span<const Token>> starting) const {
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    const auto worth = [&](int32_t coming, int32_t have) {
-        return coming >= 2 * static_cast<int32_t>(policy_.min_tokens) &&
-               coming - have >= kPeerWaitMinTokens;
-    };
     // A busy lane that will pause where this request can copy it (or is there now: then the
     // request starts, and restore() copies it).
     const PeerPause pause = best_pause(ns, prompt);
-    if (pause.tokens > 0 && worth(pause.tokens, available_now(ns, prompt, pause.tokens))) {
+    if (pause.tokens > 0 && worth_waiting(pause.tokens, available_now(ns, prompt, pause.tokens))) {
         return !pause.ready;
     }
     // A request starting in this step will prefill the head it shares with this one: once it
@@ -241,7 +241,7 @@ bool PrefixCacheStage::waits_for_recurrent_peer(
     for (const auto& other : starting) {
         shared = std::max(shared, common_prefix(other, prompt.tokens, n - 1));
     }
-    return shared > pause.tokens && worth(shared, available_now(ns, prompt, shared));
+    return shared > pause.tokens && worth_waiting(shared, available_now(ns, prompt, shared));
 }
 
 void PrefixCacheStage::clear_holds() {
@@ -256,8 +256,9 @@ void PrefixCacheStage::hold_for_peer(const PromptInfo& prompt) {
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     const PeerPause pause = best_pause(ns, prompt);
+    // (The same test as waits_for_recurrent_peer: a lane is held only for a request that waits.)
     if (pause.tokens == 0 || pause.ready ||
-        pause.tokens - available_now(ns, prompt, pause.tokens) < kPeerWaitMinTokens) {
+        !worth_waiting(pause.tokens, available_now(ns, prompt, pause.tokens))) {
         return;
     }
     int32_t& hold = lanes_[static_cast<size_t>(pause.lane)].hold;

@@ -187,6 +187,9 @@ class PrefixCacheStage final : public StageBackend {
     // `up_to` tokens (peeked only when the store's lock is free).
     int32_t available_now(const cache::NamespaceId& ns, const PromptInfo& prompt,
                           int32_t up_to) const;
+    // Whether a request waits for a peer that will have `coming` tokens of its prompt when it
+    // gets `have` without waiting (dense and hybrid/recurrent alike).
+    bool worth_waiting(int32_t coming, int32_t have) const;
     bool waits_for_recurrent_peer(const PromptInfo& prompt,
                                   std::span<const std::span<const Token>> starting) const;
     void update_lane_gauge();
