@@ -173,6 +173,20 @@ uint32_t Model::n_ctx_train() const {
 int32_t Model::n_layer() const { return llama_model_n_layer(model_); }
 int32_t Model::n_swa() const { return llama_model_n_swa(model_); }
 uint64_t Model::n_params() const { return llama_model_n_params(model_); }
+uint64_t Model::kv_elements_per_cell() const {
+    if (kind_ != ModelKind::Dense && kind_ != ModelKind::Swa) {
+        return 0;
+    }
+    const int32_t n_head = llama_model_n_head(model_);
+    const auto fallback = n_head > 0 ? llama_model_n_embd(model_) / n_head : 0;
+    auto head_size = [&](const char* key) -> uint64_t {
+        const std::string value = metadata(arch_ + ".attention." + key);
+        return value.empty() ? static_cast<uint64_t>(fallback) : std::stoull(value);
+    };
+    const auto per_layer = static_cast<uint64_t>(llama_model_n_head_kv(model_)) *
+                           (head_size("key_length") + head_size("value_length"));
+    return per_layer * static_cast<uint64_t>(llama_model_n_layer(model_));
+}
 uint64_t Model::size_bytes() const { return llama_model_size(model_); }
 
 std::string Model::metadata(const std::string& key) const {

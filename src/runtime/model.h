@@ -58,6 +58,10 @@ class Model {
     uint32_t n_ctx_train() const;
     int32_t n_layer() const;
     int32_t n_swa() const;
+    // K plus V elements one KV cell holds over all layers (KV heads x head size, K and V),
+    // for models whose layers all have attention (dense, sliding window: an upper bound);
+    // 0 for models with recurrent layers (their attention layers are not reported).
+    uint64_t kv_elements_per_cell() const;
     ModelKind kind() const { return kind_; }
     const std::string& arch() const { return arch_; }
     const std::string& name() const { return name_; }

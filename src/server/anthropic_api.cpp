@@ -12,7 +12,8 @@ namespace {
 
 // Text of a string or an array of text blocks (cache_control and citations are ignored: the
 // prefix cache is automatic and citations do not change the output).
-std::string block_text(const json& content, const std::string& where) {
+std::string block_text(const json& content, const std::string& where,
+                       bool allow_references = false) {
     if (content.is_string()) {
         return checked_text(content, where);
     }
@@ -23,6 +24,13 @@ std::string block_text(const json& content, const std::string& where) {
     for (size_t i = 0; i < content.size(); ++i) {
         const json& block = content[i];
         const std::string w = where + "[" + std::to_string(i) + "]";
+        if (allow_references && block.is_object() && block.value("type", "") == "tool_reference") {
+            // Tool search: the tool it names is now in the model's tool list.
+            reject_unknown_fields(
+                block, {{"type", FieldUse::Honored}, {"tool_name", FieldUse::Honored}}, w);
+            out += "Tool loaded: " + string_field(block, "tool_name", "", w) + "\n";
+            continue;
+        }
         if (!block.is_object() || block.value("type", "") != "text") {
             throw invalid_request("'" + w +
                                       "' must be a text block (images and documents are "
@@ -50,8 +58,19 @@ void convert_message(const json& message, const nlohmann::ordered_json& ordered,
     reject_unknown_fields(message, {{"role", FieldUse::Honored}, {"content", FieldUse::Honored}},
                           where);
     const std::string role = string_field(message, "role", "", where);
+    if (role == "system") {
+        // A system message between turns (what Claude Code sends after the user's first
+        // message): rendered where it stands, as a system message of the chat template.
+        const json* content = find_field(message, "content");
+        if (content == nullptr) {
+            throw invalid_request("'" + where + ".content' is required", where + ".content");
+        }
+        out_messages.push_back(
+            json{{"role", "system"}, {"content", block_text(*content, where + ".content")}});
+        return;
+    }
     if (role != "user" && role != "assistant") {
-        throw invalid_request("'" + where + ".role' must be 'user' or 'assistant'",
+        throw invalid_request("'" + where + ".role' must be 'user', 'assistant' or 'system'",
                               where + ".role");
     }
     const json* content = find_field(message, "content");
@@ -125,7 +144,7 @@ void convert_message(const json& message, const nlohmann::ordered_json& ordered,
                                   w);
             std::string result;
             if (const json* c = find_field(block, "content")) {
-                result = block_text(*c, w + ".content");
+                result = block_text(*c, w + ".content", true);
             }
             if (bool_field(block, "is_error", false)) {
                 result = "Error: " + result;
@@ -183,25 +202,255 @@ json anthropic_error(int status, const std::string& message) {
                 {"error", {{"type", anthropic_error_type(status)}, {"message", message}}}};
 }
 
-json anthropic_to_chat(const json& body, const nlohmann::ordered_json& ordered) {
+namespace {
+
+// Tool types of Anthropic's API that run on Anthropic's side or need a built-in schema
+// (web search and fetch, code execution, bash, text editor, computer use, memory, tool
+// search, MCP toolsets): nothing here runs them, so the model does not see them.
+bool is_server_tool(const std::string& type) { return !type.empty() && type != "custom"; }
+
+// Tool names that a tool_result's tool_reference blocks load (tool search): a deferred tool
+// (defer_loading) is shown to the model once one of them names it.
+std::vector<std::string> referenced_tools(const json& messages) {
+    std::vector<std::string> names;
+    if (!messages.is_array()) {
+        return names;
+    }
+    for (const auto& message : messages) {
+        const json* content = message.is_object() ? find_field(message, "content") : nullptr;
+        if (content == nullptr || !content->is_array()) {
+            continue;
+        }
+        for (const auto& block : *content) {
+            if (!block.is_object() || block.value("type", "") != "tool_result") {
+                continue;
+            }
+            const json* inner = find_field(block, "content");
+            if (inner == nullptr || !inner->is_array()) {
+                continue;
+            }
+            for (const auto& ref : *inner) {
+                if (ref.is_object() && ref.value("type", "") == "tool_reference" &&
+                    ref.contains("tool_name") && ref["tool_name"].is_string()) {
+                    names.push_back(ref["tool_name"].get<std::string>());
+                }
+            }
+        }
+    }
+    return names;
+}
+
+// A system message inside `messages` goes where Anthropic's API accepts it: right after a
+// user message, and last or before an assistant message (never first, never two in a row).
+void check_system_placement(const json& messages) {
+    for (size_t i = 0; i < messages.size(); ++i) {
+        if (!messages[i].is_object() || messages[i].value("role", "") != "system") {
+            continue;
+        }
+        const bool after_user =
+            i > 0 && messages[i - 1].is_object() && messages[i - 1].value("role", "") == "user";
+        const bool before_assistant =
+            i + 1 == messages.size() ||
+            (messages[i + 1].is_object() && messages[i + 1].value("role", "") == "assistant");
+        if (!after_user || !before_assistant) {
+            const std::string w = "messages[" + std::to_string(i) + "]";
+            throw invalid_request("'" + w +
+                                      "': a system message must follow a user message and be "
+                                      "the last message or be followed by an assistant message",
+                                  w + ".role");
+        }
+    }
+}
+
+json convert_tools(const json& tools, const json* messages, RequestNotes& notes) {
+    if (!tools.is_array()) {
+        throw invalid_request("'tools' must be an array", "tools");
+    }
+    const std::vector<std::string> loaded =
+        messages != nullptr ? referenced_tools(*messages) : std::vector<std::string>{};
+    json out = json::array();
+    json loaded_tools = json::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const json& tool = tools[i];
+        const std::string w = "tools[" + std::to_string(i) + "]";
+        if (!tool.is_object()) {
+            throw invalid_request("'" + w + "' must be an object", w);
+        }
+        const std::string type = string_field(tool, "type", "", w);
+        if (is_server_tool(type)) {
+            notes.dropped_tools.push_back(type + ":" + tool.value("name", std::string()));
+            continue;
+        }
+        reject_unknown_fields(tool,
+                              {{"type", FieldUse::Honored},
+                               {"name", FieldUse::Honored},
+                               {"description", FieldUse::Honored},
+                               {"input_schema", FieldUse::Honored},
+                               {"defer_loading", FieldUse::Honored},
+                               {"cache_control", FieldUse::Ignored},
+                               {"strict", FieldUse::Ignored},
+                               {"eager_input_streaming", FieldUse::Ignored},
+                               {"allowed_callers", FieldUse::Ignored},
+                               {"input_examples", FieldUse::Rejected}},
+                              w);
+        const std::string name = string_field(tool, "name", "", w);
+        // Deferred tools (tool search): the model sees them once a tool_reference in the
+        // conversation loaded them, after the others (the rendered tool list then changes
+        // only past its old end).
+        const bool deferred = bool_field(tool, "defer_loading", false);
+        if (deferred && std::find(loaded.begin(), loaded.end(), name) == loaded.end()) {
+            continue;
+        }
+        json fn = {{"name", name}};
+        if (const json* d = find_field(tool, "description")) {
+            fn["description"] = *d;
+        }
+        const json* schema = find_field(tool, "input_schema");
+        if (schema == nullptr) {
+            throw invalid_request("'" + w + ".input_schema' is required", w + ".input_schema");
+        }
+        fn["parameters"] = *schema;
+        (deferred ? loaded_tools : out).push_back(json{{"type", "function"}, {"function", fn}});
+    }
+    for (auto& tool : loaded_tools) {
+        out.push_back(std::move(tool));
+    }
+    return out;
+}
+
+void convert_tool_choice(const json& choice, json& chat) {
+    if (!choice.is_object()) {
+        throw invalid_request("'tool_choice' must be an object", "tool_choice");
+    }
+    reject_unknown_fields(choice,
+                          {{"type", FieldUse::Honored},
+                           {"name", FieldUse::Honored},
+                           {"disable_parallel_tool_use", FieldUse::Honored}},
+                          "tool_choice");
+    const std::string type = string_field(choice, "type", "", "tool_choice");
+    const bool has_tools = chat.contains("tools") && !chat["tools"].empty();
+    if (type == "auto" || type == "none") {
+        if (has_tools) {
+            chat["tool_choice"] = type;
+        }
+    } else if (type == "any") {
+        if (!has_tools) {
+            throw invalid_request(
+                "tool_choice 'any' but none of the tools can be run here (server tools are "
+                "not run)",
+                "tool_choice");
+        }
+        chat["tool_choice"] = "required";
+    } else if (type == "tool") {
+        const std::string name = string_field(choice, "name", "", "tool_choice");
+        bool found = false;
+        for (const auto& t : has_tools ? chat["tools"] : json::array()) {
+            found = found || t["function"]["name"] == name;
+        }
+        if (!found) {
+            throw invalid_request(
+                "tool_choice names '" + name + "', which is not a tool the model can call here",
+                "tool_choice.name");
+        }
+        chat["tool_choice"] = json{{"type", "function"}, {"function", {{"name", name}}}};
+    } else {
+        throw invalid_request("'tool_choice.type' must be auto, any, tool or none",
+                              "tool_choice.type");
+    }
+    if (has_tools) {
+        chat["parallel_tool_calls"] = !bool_field(choice, "disable_parallel_tool_use", false);
+    }
+}
+
+// thinking: enabled / disabled switch the template's reasoning; adaptive leaves the
+// choice to the model (the template's default). display "omitted": thinking blocks carry
+// no text.
+void convert_thinking(const json& thinking, json& chat, AnthropicRequest& out) {
+    if (!thinking.is_object()) {
+        throw invalid_request("'thinking' must be an object", "thinking");
+    }
+    reject_unknown_fields(thinking,
+                          {{"type", FieldUse::Honored},
+                           {"budget_tokens", FieldUse::Ignored},
+                           {"display", FieldUse::Honored}},
+                          "thinking");
+    const std::string type = string_field(thinking, "type", "", "thinking");
+    if (type == "enabled" || type == "disabled") {
+        chat["chat_template_kwargs"] = json{{"enable_thinking", type == "enabled"}};
+    } else if (type != "adaptive") {
+        throw invalid_request("'thinking.type' must be 'enabled', 'disabled' or 'adaptive'",
+                              "thinking.type");
+    }
+    const std::string display = string_field(thinking, "display", "summarized", "thinking");
+    if (display != "summarized" && display != "omitted") {
+        throw invalid_request("'thinking.display' must be 'summarized' or 'omitted'",
+                              "thinking.display");
+    }
+    out.omit_thinking = display == "omitted" && type != "disabled";
+}
+
+// output_config: effort is the template's reasoning switch (reasoning_effort); format is a
+// structured output (a JSON schema the reply must match).
+void convert_output_config(const json& config, json& chat) {
+    if (!config.is_object()) {
+        throw invalid_request("'output_config' must be an object", "output_config");
+    }
+    reject_unknown_fields(config, {{"effort", FieldUse::Honored}, {"format", FieldUse::Honored}},
+                          "output_config");
+    if (const json* effort = find_field(config, "effort")) {
+        const std::string v = checked_text(*effort, "output_config.effort");
+        if (v != "low" && v != "medium" && v != "high" && v != "xhigh" && v != "max") {
+            throw invalid_request("'output_config.effort' must be low, medium, high, xhigh or max",
+                                  "output_config.effort");
+        }
+        chat["reasoning_effort"] = v == "max" ? "xhigh" : v;
+    }
+    if (const json* format = find_field(config, "format")) {
+        if (!format->is_object() || format->value("type", "") != "json_schema" ||
+            !format->contains("schema")) {
+            throw invalid_request(
+                "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": ...}",
+                "output_config.format");
+        }
+        chat["response_format"] =
+            json{{"type", "json_schema"},
+                 {"json_schema", {{"name", "output"}, {"schema", (*format)["schema"]}}}};
+    }
+}
+
+}  // namespace
+
+AnthropicRequest anthropic_request(const json& body, const nlohmann::ordered_json& ordered,
+                                   const TokenCounter& count_tokens) {
     if (!body.is_object()) {
         throw invalid_request("request body must be a JSON object");
     }
-    reject_unknown_fields(body, {{"model", FieldUse::Honored},
-                                 {"messages", FieldUse::Honored},
-                                 {"system", FieldUse::Honored},
-                                 {"max_tokens", FieldUse::Honored},
-                                 {"stop_sequences", FieldUse::Honored},
-                                 {"stream", FieldUse::Honored},
-                                 {"temperature", FieldUse::Honored},
-                                 {"top_p", FieldUse::Honored},
-                                 {"top_k", FieldUse::Honored},
-                                 {"tools", FieldUse::Honored},
-                                 {"tool_choice", FieldUse::Honored},
-                                 {"thinking", FieldUse::Honored},
-                                 {"metadata", FieldUse::Ignored},
-                                 {"service_tier", FieldUse::Ignored}});
-    json chat = json::object();
+    AnthropicRequest out;
+    reject_unknown_fields(body,
+                          {{"model", FieldUse::Honored},
+                           {"messages", FieldUse::Honored},
+                           {"system", FieldUse::Honored},
+                           {"max_tokens", FieldUse::Honored},
+                           {"stop_sequences", FieldUse::Honored},
+                           {"stream", FieldUse::Honored},
+                           {"temperature", FieldUse::Honored},
+                           {"top_p", FieldUse::Honored},
+                           {"top_k", FieldUse::Honored},
+                           {"tools", FieldUse::Honored},
+                           {"tool_choice", FieldUse::Honored},
+                           {"thinking", FieldUse::Honored},
+                           {"context_management", FieldUse::Honored},
+                           {"output_config", FieldUse::Honored},
+                           {"cache_salt", FieldUse::Honored},
+                           {"metadata", FieldUse::Ignored},
+                           {"service_tier", FieldUse::Ignored},
+                           {"cache_control", FieldUse::Ignored},
+                           {"inference_geo", FieldUse::Ignored},
+                           {"container", FieldUse::Rejected},
+                           {"mcp_servers", FieldUse::Rejected}},
+                          "", &out.notes.ignored_fields);
+    json& chat = out.chat;
+    chat = json::object();
     if (const json* model = find_field(body, "model")) {
         chat["model"] = *model;
     }
@@ -213,6 +462,11 @@ json anthropic_to_chat(const json& body, const nlohmann::ordered_json& ordered) 
     if (input == nullptr || !input->is_array() || input->empty()) {
         throw invalid_request("'messages' is required and must be a non-empty array", "messages");
     }
+    const ContextEdits edits = parse_context_management(find_field(body, "context_management"));
+    if (find_field(body, "context_management") == nullptr) {
+        out.applied_edits = nullptr;  // the response has no context_management then
+    }
+    check_system_placement(*input);
     for (size_t i = 0; i < input->size(); ++i) {
         static const nlohmann::ordered_json none = nlohmann::ordered_json::object();
         const nlohmann::ordered_json* ordered_message = &none;
@@ -228,7 +482,7 @@ json anthropic_to_chat(const json& body, const nlohmann::ordered_json& ordered) 
         throw invalid_request("'max_tokens' is required", "max_tokens");
     }
     chat["max_tokens"] = body["max_tokens"];
-    for (const char* key : {"stream", "temperature", "top_p", "top_k"}) {
+    for (const char* key : {"stream", "temperature", "top_p", "top_k", "cache_salt"}) {
         if (const json* v = find_field(body, key)) {
             chat[key] = *v;
         }
@@ -237,77 +491,26 @@ json anthropic_to_chat(const json& body, const nlohmann::ordered_json& ordered) 
         chat["stop"] = *stop;
     }
     if (const json* tools = find_field(body, "tools")) {
-        if (!tools->is_array()) {
-            throw invalid_request("'tools' must be an array", "tools");
+        json converted = convert_tools(*tools, input, out.notes);
+        if (!converted.empty()) {
+            chat["tools"] = std::move(converted);
         }
-        json out = json::array();
-        for (size_t i = 0; i < tools->size(); ++i) {
-            const json& tool = (*tools)[i];
-            const std::string w = "tools[" + std::to_string(i) + "]";
-            if (!tool.is_object()) {
-                throw invalid_request("'" + w + "' must be an object", w);
-            }
-            if (tool.contains("type") && tool["type"] != "custom") {
-                throw invalid_request(
-                    "'" + w + "': server tools (" + tool["type"].dump() + ") are not supported",
-                    w + ".type");
-            }
-            reject_unknown_fields(tool,
-                                  {{"type", FieldUse::Honored},
-                                   {"name", FieldUse::Honored},
-                                   {"description", FieldUse::Honored},
-                                   {"input_schema", FieldUse::Honored},
-                                   {"cache_control", FieldUse::Ignored}},
-                                  w);
-            json fn = {{"name", tool.value("name", json(""))}};
-            if (const json* d = find_field(tool, "description")) {
-                fn["description"] = *d;
-            }
-            const json* schema = find_field(tool, "input_schema");
-            if (schema == nullptr) {
-                throw invalid_request("'" + w + ".input_schema' is required", w + ".input_schema");
-            }
-            fn["parameters"] = *schema;
-            out.push_back(json{{"type", "function"}, {"function", fn}});
-        }
-        chat["tools"] = out;
     }
     if (const json* choice = find_field(body, "tool_choice")) {
-        if (!choice->is_object()) {
-            throw invalid_request("'tool_choice' must be an object", "tool_choice");
-        }
-        reject_unknown_fields(*choice,
-                              {{"type", FieldUse::Honored},
-                               {"name", FieldUse::Honored},
-                               {"disable_parallel_tool_use", FieldUse::Honored}},
-                              "tool_choice");
-        const std::string type = string_field(*choice, "type", "", "tool_choice");
-        if (type == "auto" || type == "none") {
-            chat["tool_choice"] = type;
-        } else if (type == "any") {
-            chat["tool_choice"] = "required";
-        } else if (type == "tool") {
-            chat["tool_choice"] =
-                json{{"type", "function"},
-                     {"function", {{"name", string_field(*choice, "name", "", "tool_choice")}}}};
-        } else {
-            throw invalid_request("'tool_choice.type' must be auto, any, tool or none",
-                                  "tool_choice.type");
-        }
-        chat["parallel_tool_calls"] = !bool_field(*choice, "disable_parallel_tool_use", false);
+        convert_tool_choice(*choice, chat);
     }
     if (const json* thinking = find_field(body, "thinking")) {
-        if (!thinking->is_object()) {
-            throw invalid_request("'thinking' must be an object", "thinking");
-        }
-        const std::string type = string_field(*thinking, "type", "", "thinking");
-        if (type != "enabled" && type != "disabled") {
-            throw invalid_request("'thinking.type' must be 'enabled' or 'disabled'",
-                                  "thinking.type");
-        }
-        chat["chat_template_kwargs"] = json{{"enable_thinking", type == "enabled"}};
+        convert_thinking(*thinking, chat, out);
     }
-    return chat;
+    if (const json* config = find_field(body, "output_config")) {
+        convert_output_config(*config, chat);
+    }
+    apply_context_edits(edits, chat, count_tokens, out.applied_edits);
+    return out;
+}
+
+json anthropic_to_chat(const json& body, const nlohmann::ordered_json& ordered) {
+    return anthropic_request(body, ordered, {}).chat;
 }
 
 namespace {
@@ -341,8 +544,11 @@ json usage(const GenerationStats& stats) {
 
 class AnthropicResponse final : public ApiResponse {
   public:
-    explicit AnthropicResponse(std::shared_ptr<const ParsedRequest> parsed)
+    AnthropicResponse(std::shared_ptr<const ParsedRequest> parsed, bool omit_thinking,
+                      json applied_edits)
         : parsed_(std::move(parsed)),
+          omit_thinking_(omit_thinking),
+          applied_edits_(std::move(applied_edits)),
           id_(random_id("msg_")),
           reply_(parsed_->chat_parser, parsed_->tool_call_id_base) {}
 
@@ -387,9 +593,10 @@ class AnthropicResponse final : public ApiResponse {
             using ojson = nlohmann::ordered_json;
             ojson content = ojson::array();
             if (!final_.reasoning_content.empty()) {
-                content.push_back(ojson{{"type", "thinking"},
-                                        {"thinking", final_.reasoning_content},
-                                        {"signature", ""}});
+                content.push_back(
+                    ojson{{"type", "thinking"},
+                          {"thinking", omit_thinking_ ? std::string() : final_.reasoning_content},
+                          {"signature", ""}});
             }
             if (!final_.content.empty()) {
                 content.push_back(ojson{{"type", "text"}, {"text", final_.content}});
@@ -408,14 +615,21 @@ class AnthropicResponse final : public ApiResponse {
                          {"stop_reason", stop_reason(stats_, final_)},
                          {"stop_sequence", ojson::parse(stop_sequence(stats_).dump())},
                          {"usage", ojson::parse(usage(stats_).dump())}};
+            if (!applied_edits_.is_null()) {
+                out["context_management"] =
+                    ojson{{"applied_edits", ojson::parse(applied_edits_.dump())}};
+            }
             return out.dump(-1, ' ', false, ojson::error_handler_t::replace);
         }
-        std::string out =
-            sse_event("message_delta", json{{"type", "message_delta"},
-                                            {"delta",
-                                             {{"stop_reason", stop_reason(stats_, final_)},
-                                              {"stop_sequence", stop_sequence(stats_)}}},
-                                            {"usage", usage(stats_)}});
+        json delta = {{"type", "message_delta"},
+                      {"delta",
+                       {{"stop_reason", stop_reason(stats_, final_)},
+                        {"stop_sequence", stop_sequence(stats_)}}},
+                      {"usage", usage(stats_)}};
+        if (!applied_edits_.is_null()) {
+            delta["context_management"] = json{{"applied_edits", applied_edits_}};
+        }
+        std::string out = sse_event("message_delta", delta);
         return out + sse_event("message_stop", json{{"type", "message_stop"}});
     }
 
@@ -451,6 +665,9 @@ class AnthropicResponse final : public ApiResponse {
                     break;
                 }
                 case BlockEvent::Type::Delta: {
+                    if (omit_thinking_ && e.kind == BlockEvent::Kind::Reasoning) {
+                        break;  // display "omitted": the block carries no text
+                    }
                     json delta;
                     if (e.kind == BlockEvent::Kind::Text) {
                         delta = {{"type", "text_delta"}, {"text", e.text}};
@@ -474,6 +691,8 @@ class AnthropicResponse final : public ApiResponse {
     }
 
     std::shared_ptr<const ParsedRequest> parsed_;
+    bool omit_thinking_ = false;
+    json applied_edits_;  // null: the request had no context_management
     std::string id_;
     ReplyAccumulator reply_;
     ReplyBlocks blocks_;
@@ -484,8 +703,10 @@ class AnthropicResponse final : public ApiResponse {
 
 }  // namespace
 
-std::unique_ptr<ApiResponse> make_anthropic_response(std::shared_ptr<const ParsedRequest> parsed) {
-    return std::make_unique<AnthropicResponse>(std::move(parsed));
+std::unique_ptr<ApiResponse> make_anthropic_response(std::shared_ptr<const ParsedRequest> parsed,
+                                                     bool omit_thinking, json applied_edits) {
+    return std::make_unique<AnthropicResponse>(std::move(parsed), omit_thinking,
+                                               std::move(applied_edits));
 }
 
 }  // namespace skippy::server

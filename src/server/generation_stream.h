@@ -25,6 +25,7 @@ struct GenerationStats {
     std::string stop_sequence;      // the stop string that ended the reply ("" for none)
     std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
     std::string cache_tier;         // where a hit came from: lane / ram / disk ("none": no hit)
+    std::string miss_reason;        // no hit: why (never_seen, below_min_tokens, cache_off ...)
     double queue_ms = 0;
     double restore_ms = 0;  // choosing and restoring the cached prefix (the stage's plan)
     double time_to_first_token_ms = 0;

@@ -1,21 +1,16 @@
 #include "server/http_server.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
 #include <ctime>
 #include <deque>
-#include <mutex>
-#include <random>
 #include <sstream>
-#include <thread>
 
 #include "cpp-httplib/httplib.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/api_response.h"
+#include "server/background_work.h"
 #include "server/connection_server.h"
 #include "server/json_fields.h"
 #include "server/responses_api.h"
@@ -25,17 +20,6 @@
 namespace skippy::server {
 
 using nlohmann::json;
-
-bool secrets_equal(const std::string& a, const std::string& b) {
-    const size_t n = std::max(a.size(), b.size());
-    unsigned char diff = a.size() == b.size() ? 0 : 1;
-    for (size_t i = 0; i < n; ++i) {
-        const auto ca = static_cast<unsigned char>(i < a.size() ? a[i] : 0);
-        const auto cb = static_cast<unsigned char>(i < b.size() ? b[i] : 0);
-        diff = static_cast<unsigned char>(diff | (ca ^ cb));
-    }
-    return diff == 0;
-}
 
 namespace {
 
@@ -77,76 +61,6 @@ bool is_json_media_type(const std::string& content_type) {
     return ascii_lower(trim(content_type.substr(0, content_type.find(';')))) == "application/json";
 }
 
-// The token of an "Authorization: Bearer TOKEN" header (the scheme is case-insensitive);
-// empty when the header is missing or uses another scheme.
-std::string bearer_token(const std::string& header) {
-    const std::string value = trim(header);
-    const size_t space = value.find(' ');
-    if (space == std::string::npos || ascii_lower(value.substr(0, space)) != "bearer") {
-        return "";
-    }
-    return trim(value.substr(space + 1));
-}
-
-// One thread for work that no response waits for (the next turn's chat-template render),
-// with a bounded queue: when it is full the work is dropped (it only saves later work).
-class BackgroundWork {
-  public:
-    BackgroundWork() : thread_([this] { run(); }) {}
-    ~BackgroundWork() {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stopping_ = true;
-        }
-        ready_.notify_all();
-        thread_.join();
-    }
-    // The next turn's renders of a chat request whose first choice replied `reply`.
-    void post_next_turn(const ParsedRequest& parsed, const std::string& reply) {
-        if (parsed.prepare_next_turn) {
-            post([prepare = parsed.prepare_next_turn, reply] { prepare(reply); });
-        }
-    }
-    void post(std::function<void()> work) {
-        if (!work) {
-            return;
-        }
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (stopping_ || queue_.size() >= kCapacity) {
-                return;
-            }
-            queue_.push_back(std::move(work));
-        }
-        ready_.notify_one();
-    }
-
-  private:
-    static constexpr size_t kCapacity = 64;
-    void run() {
-        std::unique_lock<std::mutex> lock(mutex_);
-        for (;;) {
-            ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-            if (stopping_) {
-                return;
-            }
-            auto work = std::move(queue_.front());
-            queue_.pop_front();
-            lock.unlock();
-            try {
-                work();
-            } catch (...) {
-            }
-            lock.lock();
-        }
-    }
-    std::mutex mutex_;
-    std::condition_variable ready_;
-    std::deque<std::function<void()>> queue_;
-    bool stopping_ = false;
-    std::thread thread_;
-};
-
 ConnectionLimits connection_limits(const HttpServerOptions& o, const Scheduler& scheduler) {
     ConnectionLimits l;
     l.max_connections = std::max<size_t>(1, o.max_connections);
@@ -175,6 +89,8 @@ struct HttpServer::Impl {
     const OpenAiRequestParser& parser;
     std::string model_id;
     std::function<std::string()> extra_metrics;
+    ApiKeys keys;
+    AccessLog access_log;
     ConnectionServer server;
     BackgroundWork background;
     std::time_t started = std::time(nullptr);
@@ -186,19 +102,24 @@ struct HttpServer::Impl {
           parser(p),
           model_id(std::move(id)),
           extra_metrics(std::move(m)),
+          keys(options.api_keys),
+          access_log(options.access_log),
           server(connection_limits(options, scheduler)) {}
 
     void setup();
-    // The request carries the API key: "Authorization: Bearer KEY" (OpenAI clients) or
-    // "x-api-key: KEY" (Anthropic clients).
-    bool authorized(const httplib::Request& req) const {
-        const std::string bearer = bearer_token(req.get_header_value("Authorization"));
-        if (!bearer.empty() && secrets_equal(bearer, options.api_key)) {
-            return true;
-        }
-        const std::string key = trim(req.get_header_value("x-api-key"));
-        return !key.empty() && secrets_equal(key, options.api_key);
+    // Whether the request must carry a configured API key and does not (/health is open).
+    bool unauthorized(const httplib::Request& req) const {
+        return keys.enabled() && req.path != "/health" && keys.match(req) < 0;
     }
+    // A generation request's body as a ParsedRequest: `translate` (a dialect: Messages,
+    // Responses) turns the JSON body into a chat completions body and notes what it accepted
+    // without effect or left out; without it the body is `endpoint`'s own. Then the
+    // request's cache tenant (API key, cache_salt) and its access-log record. Throws ApiError
+    // or std::invalid_argument.
+    using Translate = std::function<json(const json& body, RequestNotes& notes)>;
+    std::shared_ptr<ParsedRequest> parse_generation(Endpoint endpoint, const httplib::Request& req,
+                                                    httplib::Response& res,
+                                                    const Translate& translate = {}) const;
     void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
     // Runs the request's generations (n choices, one after the other) and answers with
     // `writer`'s format, streamed or not. `send_error` formats errors before any output.
@@ -212,6 +133,10 @@ struct HttpServer::Impl {
     void send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
                         const std::string& type, const std::string& message) const;
     bool json_content_type(const httplib::Request& req, httplib::Response& res) const;
+    // Prompt tokens of a chat body (Anthropic's context edits measure what they clear).
+    TokenCounter token_counter() const {
+        return [this](const json& chat) { return parser.count_chat_tokens(chat); };
+    }
     std::string metrics_text() const;
 };
 
@@ -221,13 +146,11 @@ void HttpServer::Impl::setup() {
     // or the declared body is over the limit.
     server.set_expect_100_continue_handler(
         [this](const httplib::Request& req, httplib::Response& res) {
-            if (!options.api_key.empty() && req.path != "/health") {
-                if (!authorized(req)) {
-                    res.set_header("WWW-Authenticate", "Bearer");
-                    send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
-                               "invalid_api_key");
-                    return 401;
-                }
+            if (unauthorized(req)) {
+                res.set_header("WWW-Authenticate", "Bearer");
+                send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                           "invalid_api_key");
+                return 401;
             }
             if (req.get_header_value_u64("Content-Length") > options.max_body_bytes) {
                 send_error(res, 413, "invalid_request_error",
@@ -240,19 +163,21 @@ void HttpServer::Impl::setup() {
         });
     // Runs before the body is read.
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-        if (!options.api_key.empty() && req.path != "/health") {
-            if (!authorized(req)) {
-                res.set_header("WWW-Authenticate", "Bearer");
-                if (req.path.rfind("/v1/messages", 0) == 0) {
-                    res.status = 401;
-                    res.set_content(dump_json(anthropic_error(401, "Invalid or missing API key")),
-                                    "application/json");
-                } else {
-                    send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
-                               "invalid_api_key");
-                }
-                return httplib::Server::HandlerResponse::Handled;
+        AccessRecord& record = AccessLog::record(res);
+        record.api_key = keys.match(req);
+        record.tenant = keys.log_name(record.api_key);
+        if (keys.enabled() && req.path != "/health" && record.api_key < 0) {
+            res.set_header("WWW-Authenticate", "Bearer");
+            record.error_code = "invalid_api_key";
+            if (req.path.rfind("/v1/messages", 0) == 0) {
+                res.status = 401;
+                res.set_content(dump_json(anthropic_error(401, "Invalid or missing API key")),
+                                "application/json");
+            } else {
+                send_error(res, 401, "authentication_error", "Invalid or missing API key", "",
+                           "invalid_api_key");
             }
+            return httplib::Server::HandlerResponse::Handled;
         }
         // A declared body above the limit is refused at once (httplib would otherwise wait
         // for bytes a client may never send and answer 400 after its read timeout). The
@@ -271,6 +196,11 @@ void HttpServer::Impl::setup() {
             }
         }
         return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // Every response httplib writes, just before its status line: the access log and its
+    // counters (a streamed response is logged when its stream ends).
+    server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        access_log.response_ready(req, res);
     });
     // Any error produced by httplib itself (404, 413, 400 ...) gets an OpenAI error body.
     server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
@@ -308,6 +238,11 @@ void HttpServer::Impl::setup() {
             send_error(res, 500, "server_error", message);
         });
 
+    // Clients probe the root before their first request (Claude Code sends HEAD /).
+    server.Get("/", [this](const httplib::Request&, httplib::Response& res) {
+        res.set_content(dump_json(json{{"name", "skippy"}, {"model", model_id}, {"status", "ok"}}),
+                        "application/json");
+    });
     server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
         const auto stats = scheduler.stats();
         res.set_content(dump_json(json{{"status", "ok"},
@@ -419,6 +354,7 @@ std::string HttpServer::Impl::metrics_text() const {
            "Requests refused for their header size or count (431).", c.oversize_headers);
     metric("skippy_http_requests_total", "counter", "HTTP requests handed to handlers.",
            c.requests);
+    out << access_log.metrics_text(c);
     if (extra_metrics) {
         out << extra_metrics();
     }
@@ -436,29 +372,6 @@ bool HttpServer::Impl::json_content_type(const httplib::Request& req,
     return true;
 }
 
-void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Request& req,
-                                         httplib::Response& res) {
-    if (!json_content_type(req, res)) {
-        return;
-    }
-    auto parsed = std::make_shared<ParsedRequest>();
-    try {
-        const auto parse_start = std::chrono::steady_clock::now();
-        *parsed = parser.parse(endpoint, req.body);
-        parsed->parse_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - parse_start)
-                               .count();
-    } catch (const ApiError& e) {
-        send_error(res, e);
-        return;
-    } catch (const std::invalid_argument& e) {
-        send_error(res, 400, "invalid_request_error", e.what());
-        return;
-    }
-    std::shared_ptr<ApiResponse> writer = make_openai_response(parsed, parser.model());
-    serve(parsed, std::move(writer), req, res);
-}
-
 namespace {
 
 // The body as JSON, or a 400 (in `error_format`'s shape).
@@ -473,35 +386,96 @@ json parse_body(const std::string& text) {
     }
 }
 
-void send_anthropic_error(httplib::Response& res, int status, const std::string& message) {
+// Anthropic's error body has no code: the access log gets it from the record.
+void send_anthropic_error(httplib::Response& res, int status, const std::string& message,
+                          const std::string& code = "") {
     res.status = status;
     res.set_content(dump_json(anthropic_error(status, message)), "application/json");
+    if (!code.empty()) {
+        AccessLog::record(res).error_code = code;
+    }
+}
+
+void append_new(std::vector<std::string>& to, const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+        if (std::find(to.begin(), to.end(), name) == to.end()) {
+            to.push_back(name);
+        }
+    }
 }
 
 }  // namespace
 
-void HttpServer::Impl::handle_anthropic(const httplib::Request& req, httplib::Response& res) {
-    if (!is_json_media_type(req.get_header_value("Content-Type"))) {
-        send_anthropic_error(res, 415, "Content-Type must be application/json");
+std::shared_ptr<ParsedRequest> HttpServer::Impl::parse_generation(
+    Endpoint endpoint, const httplib::Request& req, httplib::Response& res,
+    const Translate& translate) const {
+    const auto parse_start = std::chrono::steady_clock::now();
+    auto parsed = std::make_shared<ParsedRequest>();
+    RequestNotes notes;  // the dialect's
+    if (translate) {
+        *parsed = parser.parse(endpoint, translate(parse_body(req.body), notes));
+    } else {
+        *parsed = parser.parse(endpoint, req.body);
+    }
+    append_new(parsed->notes.ignored_fields, notes.ignored_fields);
+    append_new(parsed->notes.dropped_tools, notes.dropped_tools);
+    AccessRecord& record = AccessLog::record(res);
+    // The tenant: the API key when several are configured, and the body's cache_salt.
+    GenerationRequest& gen = parsed->generation;
+    gen.cache_namespace = keys.tenant_namespace(record.api_key, gen.cache_namespace);
+    record.model = parsed->model;
+    record.notes = parsed->notes;
+    parsed->parse_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - parse_start)
+            .count();
+    return parsed;
+}
+
+void HttpServer::Impl::handle_generation(Endpoint endpoint, const httplib::Request& req,
+                                         httplib::Response& res) {
+    if (!json_content_type(req, res)) {
         return;
     }
-    auto parsed = std::make_shared<ParsedRequest>();
+    std::shared_ptr<ParsedRequest> parsed;
     try {
-        const auto parse_start = std::chrono::steady_clock::now();
-        const json body = parse_body(req.body);
-        *parsed = parser.parse(Endpoint::ChatCompletions,
-                               anthropic_to_chat(body, nlohmann::ordered_json::parse(req.body)));
-        parsed->parse_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - parse_start)
-                               .count();
+        parsed = parse_generation(endpoint, req, res);
     } catch (const ApiError& e) {
-        send_anthropic_error(res, e.status, e.what());
+        send_error(res, e);
+        return;
+    } catch (const std::invalid_argument& e) {
+        send_error(res, 400, "invalid_request_error", e.what());
+        return;
+    }
+    std::shared_ptr<ApiResponse> writer = make_openai_response(parsed, parser.model());
+    serve(parsed, std::move(writer), req, res);
+}
+
+void HttpServer::Impl::handle_anthropic(const httplib::Request& req, httplib::Response& res) {
+    if (!is_json_media_type(req.get_header_value("Content-Type"))) {
+        send_anthropic_error(res, 415, "Content-Type must be application/json",
+                             "unsupported_media_type");
+        return;
+    }
+    std::shared_ptr<ParsedRequest> parsed;
+    AnthropicRequest request;
+    try {
+        parsed = parse_generation(
+            Endpoint::ChatCompletions, req, res, [&](const json& body, RequestNotes& notes) {
+                request = anthropic_request(body, nlohmann::ordered_json::parse(req.body),
+                                            token_counter());
+                notes = request.notes;
+                return request.chat;
+            });
+    } catch (const ApiError& e) {
+        send_anthropic_error(res, e.status, e.what(), e.code);
         return;
     } catch (const std::invalid_argument& e) {
         send_anthropic_error(res, 400, e.what());
         return;
     }
-    serve(parsed, make_anthropic_response(parsed), req, res);
+    serve(parsed,
+          make_anthropic_response(parsed, request.omit_thinking, std::move(request.applied_edits)),
+          req, res);
 }
 
 void HttpServer::Impl::handle_anthropic_count(const httplib::Request& req, httplib::Response& res) {
@@ -510,13 +484,22 @@ void HttpServer::Impl::handle_anthropic_count(const httplib::Request& req, httpl
         if (body.is_object() && !body.contains("max_tokens")) {
             body["max_tokens"] = 1;
         }
-        const ParsedRequest parsed =
-            parser.parse(Endpoint::ChatCompletions,
-                         anthropic_to_chat(body, nlohmann::ordered_json::parse(req.body)));
-        res.set_content(dump_json(json{{"input_tokens", parsed.generation.prompt.size()}}),
-                        "application/json");
+        const AnthropicRequest request =
+            anthropic_request(body, nlohmann::ordered_json::parse(req.body), token_counter());
+        parser.resolve_model(find_field(request.chat, "model"));
+        const size_t tokens = parser.count_chat_tokens(request.chat);
+        json out = {{"input_tokens", tokens}};
+        if (!request.applied_edits.is_null()) {
+            // As Anthropic's API reports it: the count before the edits cleared anything.
+            size_t cleared = 0;
+            for (const auto& edit : request.applied_edits) {
+                cleared += edit.value("cleared_input_tokens", size_t{0});
+            }
+            out["context_management"] = {{"original_input_tokens", tokens + cleared}};
+        }
+        res.set_content(dump_json(out), "application/json");
     } catch (const ApiError& e) {
-        send_anthropic_error(res, e.status, e.what());
+        send_anthropic_error(res, e.status, e.what(), e.code);
     } catch (const std::invalid_argument& e) {
         send_anthropic_error(res, 400, e.what());
     }
@@ -526,22 +509,14 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, httplib::Re
     if (!json_content_type(req, res)) {
         return;
     }
-    auto parsed = std::make_shared<ParsedRequest>();
-    json body;
+    std::shared_ptr<ParsedRequest> parsed;
+    json request;  // echoed in the response object
     try {
-        const auto parse_start = std::chrono::steady_clock::now();
-        body = parse_body(req.body);
-        if (body.is_object() && body.contains("previous_response_id") &&
-            !body["previous_response_id"].is_null()) {
-            throw invalid_request(
-                "previous_response_id is not supported: responses are not "
-                "stored, send the whole input",
-                "previous_response_id");
-        }
-        *parsed = parser.parse(Endpoint::ChatCompletions, responses_to_chat(body));
-        parsed->parse_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - parse_start)
-                               .count();
+        parsed = parse_generation(Endpoint::ChatCompletions, req, res,
+                                  [&](const json& body, RequestNotes& notes) {
+                                      request = body;
+                                      return responses_to_chat(body, notes);
+                                  });
     } catch (const ApiError& e) {
         send_error(res, e);
         return;
@@ -549,7 +524,7 @@ void HttpServer::Impl::handle_responses(const httplib::Request& req, httplib::Re
         send_error(res, 400, "invalid_request_error", e.what());
         return;
     }
-    serve(parsed, make_responses_response(parsed, std::move(body)), req, res);
+    serve(parsed, make_responses_response(parsed, std::move(request)), req, res);
 }
 
 void HttpServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
@@ -587,6 +562,7 @@ namespace {
 struct ChoiceRun {
     std::shared_ptr<const ParsedRequest> parsed;
     std::shared_ptr<ApiResponse> writer;
+    std::shared_ptr<AccessRecord> record;
     size_t choice = 0;
     std::shared_ptr<GenerationStream> stream;
     std::deque<StreamEvent> pending;
@@ -619,6 +595,15 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
     auto run = std::make_shared<ChoiceRun>();
     run->parsed = parsed;
     run->writer = writer;
+    run->record = AccessLog::shared_record(res);
+    if (!parsed->notes.ignored_fields.empty()) {
+        res.set_header("x-skippy-ignored-fields",
+                       AccessLog::header_value(parsed->notes.ignored_fields));
+    }
+    if (!parsed->notes.dropped_tools.empty()) {
+        res.set_header("x-skippy-dropped-tools",
+                       AccessLog::header_value(parsed->notes.dropped_tools));
+    }
     const auto admit = [&](ChoiceRun& r) {
         switch (r.submit(scheduler)) {
             case Admission::Accepted:
@@ -631,6 +616,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                                     "Server is busy: the request queue is full, retry later", "",
                                     "queue_full")),
                                 "application/json");
+                r.record->error_code = "queue_full";
                 return false;
             case Admission::Stopped:
                 send_api_error(res, *r.writer, 503, "server_error", "Server is shutting down");
@@ -651,6 +637,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                 next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
                 if (req.is_connection_closed()) {
                     run->stream->cancel();
+                    run->record->cancelled = true;
                     return;
                 }
             }
@@ -664,6 +651,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                                        event.error_message);
                         return;
                     case StreamEvent::Kind::Done:
+                        run->record->add(event.stats);
                         writer->on_done(run->choice, event.stats);
                         if (run->choice == 0) {
                             background.post_next_turn(*parsed, event.text);
@@ -686,6 +674,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
         if (events.empty()) {
             if (req.is_connection_closed()) {
                 run->stream->cancel();
+                run->record->cancelled = true;
                 return;
             }
             continue;
@@ -699,6 +688,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
         break;
     }
     res.set_header("Cache-Control", "no-cache");
+    run->record->streamed = true;  // logged when the stream ends (the releaser below)
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, run](size_t, httplib::DataSink& sink) {
@@ -736,9 +726,11 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                     continue;
                 }
                 if (event.kind == StreamEvent::Kind::Error) {
+                    run->record->stream_error = event.error_type;
                     out += run->writer->stream_error(event.http_status, event.error_type,
                                                      event.error_message);
                 } else {
+                    run->record->add(event.stats);
                     out += run->writer->on_done(run->choice, event.stats);
                     if (run->choice == 0) {
                         background.post_next_turn(*run->parsed, event.text);
@@ -747,6 +739,7 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                         if (run->submit(scheduler) == Admission::Accepted) {
                             continue;
                         }
+                        run->record->stream_error = "server_error";
                         out += run->writer->stream_error(503, "server_error",
                                                          "Server is busy: the next choice was "
                                                          "not admitted");
@@ -762,11 +755,12 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                 return true;
             }
         },
-        [run](bool) {
+        [this, run](bool completed) {
             // Connection finished (normally or not): make sure the lane is freed.
             if (run->stream && !run->stream->closed()) {
                 run->stream->cancel();
             }
+            access_log.stream_finished(*run->record, completed);
         });
 }
 

@@ -7,15 +7,22 @@
 // handler threads; these parse and validate, submit to the Scheduler and wait on a
 // GenerationStream.
 //
+// Every request gets one access-log line and its counters (access_log.h); generation
+// responses name what was accepted without effect in x-skippy-ignored-fields and the tools
+// left out in x-skippy-dropped-tools.
+//
 // Thread safety: handlers run on the handler threads; they share only the Scheduler (whose
-// submit/stats are thread-safe) and immutable configuration.
+// submit/stats are thread-safe), the AccessLog (thread-safe) and immutable configuration.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "server/access_log.h"
+#include "server/api_keys.h"
 #include "server/openai_request.h"
 #include "server/scheduler.h"
 
@@ -24,7 +31,10 @@ namespace skippy::server {
 struct HttpServerOptions {
     std::string host = "127.0.0.1";
     int port = 8080;
-    std::string api_key;  // empty = no authentication
+    // Keys that authorize requests (none = no authentication); with several, each key is
+    // its own cache tenant (api_keys.h).
+    std::vector<std::string> api_keys;
+    AccessLogOptions access_log;
     size_t max_body_bytes = 8 * 1024 * 1024;
     int handler_threads = 0;  // 0 = lanes + queue depth + 4, capped at 256
     int retry_after_seconds = 1;
@@ -56,8 +66,5 @@ class HttpServer {
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
-
-// Constant-time comparison of secrets (time depends only on the lengths).
-bool secrets_equal(const std::string& a, const std::string& b);
 
 }  // namespace skippy::server

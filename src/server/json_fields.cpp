@@ -1,5 +1,6 @@
 #include "server/json_fields.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "server/api_error.h"
@@ -87,7 +88,7 @@ std::string string_field(const json& body, const char* name, const std::string& 
 }
 
 void reject_unknown_fields(const json& body, std::initializer_list<FieldRule> rules,
-                           const std::string& where) {
+                           const std::string& where, std::vector<std::string>* unknown) {
     if (!body.is_object()) {
         return;
     }
@@ -98,12 +99,24 @@ void reject_unknown_fields(const json& body, std::initializer_list<FieldRule> ru
         bool known = false;
         for (const auto& rule : rules) {
             if (rule.name == key) {
+                if (rule.use == FieldUse::Rejected) {
+                    const std::string param = where.empty() ? key : where + "." + key;
+                    throw invalid_request(
+                        "Unsupported parameter: '" + param + "' is not supported by this server",
+                        param, "unsupported_parameter");
+                }
                 known = true;
                 break;
             }
         }
         if (!known) {
             const std::string param = where.empty() ? key : where + "." + key;
+            if (unknown != nullptr) {
+                if (std::find(unknown->begin(), unknown->end(), param) == unknown->end()) {
+                    unknown->push_back(param);
+                }
+                continue;
+            }
             throw invalid_request(
                 "Unsupported parameter: '" + param + "' is not supported by this server", param,
                 "unsupported_parameter");

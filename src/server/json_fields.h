@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 
@@ -25,16 +26,21 @@ std::string string_field(const nlohmann::json& body, const char* name, const std
 
 // How the request parser treats a field it knows.
 enum class FieldUse {
-    Honored,  // changes the output as specified
-    Ignored,  // accepted, cannot change the output (metadata, store, user, ...)
+    Honored,   // changes the output as specified
+    Ignored,   // accepted, cannot change the output (metadata, store, user, ...)
+    Rejected,  // would change the output and cannot be honoured here: 400 naming it
 };
 struct FieldRule {
     std::string_view name;
     FieldUse use;
 };
 // Rejects (400, naming it) the first non-null field of `body` that `rules` do not list.
-// `where` prefixes the field's name in the error ("" for the body itself).
+// `where` prefixes the field's name in the error ("" for the body itself). With `unknown`,
+// such fields are accepted instead and their names (prefixed by `where`) appended to it:
+// the request body's top level, where a client's next release may add fields that change
+// nothing here (DESIGN.md, API policy: accepted and reported).
 void reject_unknown_fields(const nlohmann::json& body, std::initializer_list<FieldRule> rules,
-                           const std::string& where = "");
+                           const std::string& where = "",
+                           std::vector<std::string>* unknown = nullptr);
 
 }  // namespace skippy::server

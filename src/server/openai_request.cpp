@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -124,31 +125,41 @@ namespace {
         {"logprobs", FieldUse::Honored}, {"logit_bias", FieldUse::Honored},                       \
         {"response_format", FieldUse::Honored}, {"user", FieldUse::Ignored},                      \
         {"metadata", FieldUse::Ignored}, {"store", FieldUse::Ignored},                            \
-        {"service_tier", FieldUse::Ignored}, {"safety_identifier", FieldUse::Ignored}, {          \
-        "prompt_cache_retention", FieldUse::Ignored                                               \
+        {"service_tier", FieldUse::Ignored}, {"safety_identifier", FieldUse::Ignored},            \
+        {"prompt_cache_retention", FieldUse::Ignored}, {"cache_salt", FieldUse::Honored}, {       \
+        "n_probs", FieldUse::Rejected                                                             \
     }
 
 }  // namespace
 
 void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) const {
     if (out.endpoint == Endpoint::ChatCompletions) {
-        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS,
-                                     {"messages", FieldUse::Honored},
-                                     {"max_completion_tokens", FieldUse::Honored},
-                                     {"tools", FieldUse::Honored},
-                                     {"tool_choice", FieldUse::Honored},
-                                     {"parallel_tool_calls", FieldUse::Honored},
-                                     {"top_logprobs", FieldUse::Honored},
-                                     {"chat_template_kwargs", FieldUse::Honored},
-                                     {"reasoning_effort", FieldUse::Honored},
-                                     {"modalities", FieldUse::Honored},
-                                     {"prediction", FieldUse::Ignored}});
+        reject_unknown_fields(body,
+                              {SKIPPY_COMMON_FIELDS,
+                               {"messages", FieldUse::Honored},
+                               {"max_completion_tokens", FieldUse::Honored},
+                               {"tools", FieldUse::Honored},
+                               {"tool_choice", FieldUse::Honored},
+                               {"parallel_tool_calls", FieldUse::Honored},
+                               {"top_logprobs", FieldUse::Honored},
+                               {"chat_template_kwargs", FieldUse::Honored},
+                               {"reasoning_effort", FieldUse::Honored},
+                               {"modalities", FieldUse::Honored},
+                               {"prediction", FieldUse::Ignored},
+                               {"audio", FieldUse::Rejected},
+                               {"web_search_options", FieldUse::Rejected},
+                               {"functions", FieldUse::Rejected},
+                               {"function_call", FieldUse::Rejected},
+                               {"verbosity", FieldUse::Rejected}},
+                              "", &out.notes.ignored_fields);
     } else {
-        reject_unknown_fields(body, {SKIPPY_COMMON_FIELDS,
-                                     {"prompt", FieldUse::Honored},
-                                     {"echo", FieldUse::Honored},
-                                     {"best_of", FieldUse::Honored},
-                                     {"suffix", FieldUse::Honored}});
+        reject_unknown_fields(body,
+                              {SKIPPY_COMMON_FIELDS,
+                               {"prompt", FieldUse::Honored},
+                               {"echo", FieldUse::Honored},
+                               {"best_of", FieldUse::Honored},
+                               {"suffix", FieldUse::Honored}},
+                              "", &out.notes.ignored_fields);
     }
     out.model = resolve_model(find_field(body, "model"));
     auto& gen = out.generation;
@@ -165,15 +176,19 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
         out.include_usage = bool_field(*options, "include_usage", false);
     }
     out.n = static_cast<int>(integer_field(body, "n", 1, 1, 16));
+    // Like llama-server: what the request asks for, else the server's default; never more
+    // than the server's cap or the lane's room (parse() clamps to the room once the prompt
+    // is known). Asking for more than fits is not an error: the reply ends at the limit.
     const int64_t max_ctx = static_cast<int64_t>(limits_.n_ctx);
-    int64_t max_tokens = integer_field(body, "max_tokens", -1, 1, 1 << 30);
-    max_tokens = integer_field(body, "max_completion_tokens", max_tokens, 1, 1 << 30);
-    if (max_tokens > max_ctx) {
-        throw invalid_request(
-            "'max_tokens' is larger than the context (" + std::to_string(max_ctx) + ")",
-            "max_tokens");
+    int64_t max_tokens = integer_field(body, "max_tokens", -1, 1, INT64_MAX);
+    max_tokens = integer_field(body, "max_completion_tokens", max_tokens, 1, INT64_MAX);
+    if (max_tokens < 0) {
+        max_tokens = limits_.max_output_tokens > 0 ? limits_.max_output_tokens : max_ctx;
     }
-    gen.max_tokens = static_cast<int32_t>(max_tokens < 0 ? max_ctx : max_tokens);
+    if (limits_.max_output_tokens > 0) {
+        max_tokens = std::min<int64_t>(max_tokens, limits_.max_output_tokens);
+    }
+    gen.max_tokens = static_cast<int32_t>(std::min(max_tokens, max_ctx));
     s.temperature = static_cast<float>(number_field(body, "temperature", 1.0, 0.0, 2.0));
     s.top_p = static_cast<float>(number_field(body, "top_p", 1.0, 0.0, 1.0));
     s.top_k = static_cast<int32_t>(integer_field(body, "top_k", 0, 0, 1 << 20));
@@ -250,8 +265,17 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
     }
     gen.ignore_eos = bool_field(body, "ignore_eos", false);
     gen.cache_enabled = bool_field(body, "cache_prompt", true);
+    // prompt_cache_key is OpenAI's routing hint (it should raise hit rates: lane affinity
+    // here); tenants are separated by the API key and cache_salt (vLLM's field), which the
+    // HTTP layer combines into the cache namespace.
     if (const json* key = find_field(body, "prompt_cache_key")) {
-        gen.cache_namespace = checked_text(*key, "prompt_cache_key");
+        gen.routing_key = checked_text(*key, "prompt_cache_key");
+    }
+    if (const json* salt = find_field(body, "cache_salt")) {
+        gen.cache_namespace = checked_text(*salt, "cache_salt");
+        if (gen.cache_namespace.empty()) {
+            throw invalid_request("'cache_salt' must not be empty", "cache_salt");
+        }
     }
     out.return_token_ids = bool_field(body, "return_token_ids", false);
     if (out.endpoint == Endpoint::ChatCompletions) {
@@ -296,6 +320,22 @@ std::string random_call_id_base() {
 }
 
 }  // namespace
+
+size_t OpenAiRequestParser::count_chat_tokens(const json& body) const {
+    const json* messages_json = find_field(body, "messages");
+    if (messages_json == nullptr) {
+        throw invalid_request("'messages' is required", "messages");
+    }
+    const auto messages = parse_messages(*messages_json);
+    ChatOptions options = parse_chat_options(body, limits_.chat);
+    const bool structured = options.tools_active || !options.constraints.json_schema.empty() ||
+                            !options.context.empty() || chat_template_.supports_thinking();
+    const std::string prompt =
+        structured
+            ? apply_chat(chat_template_, messages, options.context, options.constraints).prompt
+            : render_chat(chat_template_, messages, true);
+    return model_.tokenize(prompt, true, true).size();
+}
 
 void OpenAiRequestParser::parse_chat(const json& body, ParsedRequest& out) const {
     const json* messages_json = find_field(body, "messages");

@@ -20,6 +20,10 @@ enum class Endpoint { ChatCompletions, Completions };
 
 struct RequestLimits {
     uint32_t n_ctx = 4096;
+    // Output tokens when a request names none, and the most any request gets (like
+    // llama-server's -n); 0 = what the lane has room for. A request's max_tokens above what
+    // fits is clamped, never refused (the reply then ends with finish_reason "length").
+    int32_t max_output_tokens = 0;
     size_t max_stop_strings = 16;
     size_t max_stop_length = 256;
     size_t max_messages = 4096;
@@ -43,6 +47,14 @@ struct RequestLimits {
     size_t boundary_memo_entries = 16384;
 };
 
+// What the server did with a request that the response and the access log report: fields
+// accepted without effect (unknown top-level fields; DESIGN.md, API policy) and tools it
+// cannot run that were left out of what the model sees (hosted tools such as web_search).
+struct RequestNotes {
+    std::vector<std::string> ignored_fields;
+    std::vector<std::string> dropped_tools;
+};
+
 struct ParsedRequest {
     Endpoint endpoint = Endpoint::ChatCompletions;
     std::string model;
@@ -61,6 +73,7 @@ struct ParsedRequest {
     // path: call it once the response is sent, with that reply's text.
     std::function<void(const std::string& reply)> prepare_next_turn;
     double parse_ms = 0;  // time spent in parse() (set by the HTTP layer)
+    RequestNotes notes;
 };
 
 class OpenAiRequestParser {
@@ -76,6 +89,10 @@ class OpenAiRequestParser {
     std::string resolve_model(const nlohmann::json* model) const;
     const MessageBoundaryFinder& boundaries() const { return boundaries_; }
     const PromptTokenMemo& prompt_tokens() const { return prompt_tokens_; }
+    // Prompt tokens of a chat completions body: rendered and tokenized as parse() would, but
+    // without sampling setup, message boundaries or memos (Anthropic's context edits measure
+    // what they clear with it). Throws ApiError like parse().
+    size_t count_chat_tokens(const nlohmann::json& body) const;
     // Just the JSON-level validation + rendering (no tokenization), exposed for the fuzzer.
     std::vector<runtime::ChatMessage> parse_messages(const nlohmann::json& messages) const;
     const std::vector<std::string>& model_ids() const { return model_ids_; }

@@ -44,35 +44,53 @@ std::string item_text(const json& content, const std::string& where) {
 
 }  // namespace
 
-json responses_to_chat(const json& body) {
+json responses_to_chat(const json& body, RequestNotes& notes) {
     if (!body.is_object()) {
         throw invalid_request("request body must be a JSON object");
     }
-    reject_unknown_fields(body, {{"model", FieldUse::Honored},
-                                 {"input", FieldUse::Honored},
-                                 {"instructions", FieldUse::Honored},
-                                 {"tools", FieldUse::Honored},
-                                 {"tool_choice", FieldUse::Honored},
-                                 {"parallel_tool_calls", FieldUse::Honored},
-                                 {"max_output_tokens", FieldUse::Honored},
-                                 {"temperature", FieldUse::Honored},
-                                 {"top_p", FieldUse::Honored},
-                                 {"stream", FieldUse::Honored},
-                                 {"text", FieldUse::Honored},
-                                 {"reasoning", FieldUse::Honored},
-                                 {"prompt_cache_key", FieldUse::Honored},
-                                 {"truncation", FieldUse::Honored},
-                                 {"store", FieldUse::Ignored},
-                                 {"include", FieldUse::Ignored},
-                                 {"metadata", FieldUse::Ignored},
-                                 {"user", FieldUse::Ignored},
-                                 {"service_tier", FieldUse::Ignored},
-                                 {"safety_identifier", FieldUse::Ignored},
-                                 {"prompt_cache_retention", FieldUse::Ignored},
-                                 {"stream_options", FieldUse::Ignored}});
+    if (find_field(body, "previous_response_id") != nullptr) {
+        throw invalid_request(
+            "previous_response_id is not supported: responses are not stored, send the whole "
+            "input (the prefix cache makes that cheap)",
+            "previous_response_id");
+    }
+    if (bool_field(body, "background", false)) {
+        throw invalid_request("background responses are not supported", "background");
+    }
+    reject_unknown_fields(body,
+                          {{"model", FieldUse::Honored},
+                           {"input", FieldUse::Honored},
+                           {"instructions", FieldUse::Honored},
+                           {"tools", FieldUse::Honored},
+                           {"tool_choice", FieldUse::Honored},
+                           {"parallel_tool_calls", FieldUse::Honored},
+                           {"max_output_tokens", FieldUse::Honored},
+                           {"temperature", FieldUse::Honored},
+                           {"top_p", FieldUse::Honored},
+                           {"stream", FieldUse::Honored},
+                           {"text", FieldUse::Honored},
+                           {"reasoning", FieldUse::Honored},
+                           {"prompt_cache_key", FieldUse::Honored},
+                           {"truncation", FieldUse::Honored},
+                           {"store", FieldUse::Ignored},
+                           {"include", FieldUse::Ignored},
+                           {"metadata", FieldUse::Ignored},
+                           {"user", FieldUse::Ignored},
+                           {"service_tier", FieldUse::Ignored},
+                           {"safety_identifier", FieldUse::Ignored},
+                           {"prompt_cache_retention", FieldUse::Ignored},
+                           {"stream_options", FieldUse::Ignored},
+                           {"client_metadata", FieldUse::Ignored},
+                           {"background", FieldUse::Ignored},  // false (true: above)
+                           {"cache_salt", FieldUse::Honored},
+                           {"conversation", FieldUse::Rejected},
+                           {"prompt", FieldUse::Rejected},
+                           {"max_tool_calls", FieldUse::Rejected},
+                           {"top_logprobs", FieldUse::Rejected}},
+                          "", &notes.ignored_fields);
     json chat = json::object();
-    for (const char* key :
-         {"model", "temperature", "top_p", "stream", "prompt_cache_key", "parallel_tool_calls"}) {
+    for (const char* key : {"model", "temperature", "top_p", "stream", "prompt_cache_key",
+                            "cache_salt", "parallel_tool_calls"}) {
         if (const json* v = find_field(body, key)) {
             chat[key] = *v;
         }
@@ -108,7 +126,8 @@ json responses_to_chat(const json& body) {
                                        {"role", FieldUse::Honored},
                                        {"content", FieldUse::Honored},
                                        {"id", FieldUse::Ignored},
-                                       {"status", FieldUse::Ignored}},
+                                       {"status", FieldUse::Ignored},
+                                       {"phase", FieldUse::Ignored}},
                                       w);
                 std::string role = string_field(item, "role", "", w);
                 if (role != "user" && role != "assistant" && role != "system" &&
@@ -130,6 +149,7 @@ json responses_to_chat(const json& body) {
                                        {"call_id", FieldUse::Honored},
                                        {"name", FieldUse::Honored},
                                        {"arguments", FieldUse::Honored},
+                                       {"namespace", FieldUse::Ignored},
                                        {"id", FieldUse::Ignored},
                                        {"status", FieldUse::Ignored}},
                                       w);
@@ -182,16 +202,29 @@ json responses_to_chat(const json& body) {
         for (size_t i = 0; i < tools->size(); ++i) {
             const json& tool = (*tools)[i];
             const std::string w = "tools[" + std::to_string(i) + "]";
-            if (!tool.is_object() || tool.value("type", "") != "function") {
-                throw invalid_request("'" + w + "': only function tools are supported",
-                                      w + ".type");
+            if (!tool.is_object()) {
+                throw invalid_request("'" + w + "' must be an object", w);
+            }
+            const std::string type = string_field(tool, "type", "", w);
+            if (type != "function") {
+                // Hosted tools (web_search, file_search, code_interpreter, mcp, ...), grouped
+                // tools (namespace) and freeform custom tools: nothing here can run them, so
+                // the model does not see them (listed in x-skippy-dropped-tools). A
+                // tool_choice that names one is refused below.
+                std::string name = type.empty() ? std::string("unknown") : type;
+                if (const json* n = find_field(tool, "name"); n != nullptr && n->is_string()) {
+                    name += ":" + n->get<std::string>();
+                }
+                notes.dropped_tools.push_back(name);
+                continue;
             }
             reject_unknown_fields(tool,
                                   {{"type", FieldUse::Honored},
                                    {"name", FieldUse::Honored},
                                    {"description", FieldUse::Honored},
                                    {"parameters", FieldUse::Honored},
-                                   {"strict", FieldUse::Honored}},
+                                   {"strict", FieldUse::Honored},
+                                   {"defer_loading", FieldUse::Ignored}},
                                   w);
             json fn = {{"name", tool.value("name", json(""))}};
             for (const char* key : {"description", "parameters", "strict"}) {
@@ -201,13 +234,30 @@ json responses_to_chat(const json& body) {
             }
             out.push_back(json{{"type", "function"}, {"function", fn}});
         }
-        chat["tools"] = out;
+        if (!out.empty()) {
+            chat["tools"] = out;
+        }
     }
     if (const json* choice = find_field(body, "tool_choice")) {
-        if (choice->is_object() && choice->value("type", "") == "function") {
+        if (choice->is_object()) {
+            const std::string type = string_field(*choice, "type", "", "tool_choice");
+            if (type != "function") {
+                throw invalid_request("tool_choice '" + type +
+                                          "' names a tool this server cannot run (only "
+                                          "function tools are run)",
+                                      "tool_choice");
+            }
             chat["tool_choice"] =
                 json{{"type", "function"},
                      {"function", {{"name", string_field(*choice, "name", "", "tool_choice")}}}};
+        } else if (!chat.contains("tools")) {
+            // auto / none / required over tools that were all dropped: nothing to choose.
+            if (*choice == "required") {
+                throw invalid_request(
+                    "tool_choice 'required' but none of the tools can be run here (only "
+                    "function tools are run)",
+                    "tool_choice");
+            }
         } else {
             chat["tool_choice"] = *choice;
         }

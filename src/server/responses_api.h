@@ -17,7 +17,13 @@
 namespace skippy::server {
 
 // Throws ApiError (400, naming the Responses field) for input that cannot be honoured.
-nlohmann::json responses_to_chat(const nlohmann::json& body);
+// `notes` gets the unknown top-level fields (accepted) and the tools left out (hosted,
+// grouped and custom tools: only function tools run here).
+nlohmann::json responses_to_chat(const nlohmann::json& body, RequestNotes& notes);
+inline nlohmann::json responses_to_chat(const nlohmann::json& body) {
+    RequestNotes notes;
+    return responses_to_chat(body, notes);
+}
 
 // `request`: the original body (echoed in the response object: tools, instructions, ...).
 std::unique_ptr<ApiResponse> make_responses_response(std::shared_ptr<const ParsedRequest> parsed,

@@ -27,6 +27,7 @@ stage::PromptInfo lookup_info(const GenerationRequest& request) {
     info.tokens = std::span<const runtime::Token>(request.prompt);
     info.message_boundaries = request.message_boundaries;  // (the body end: plan.h)
     info.cache_namespace = request.cache_namespace;
+    info.routing_key = request.routing_key;
     info.cache_enabled = request.cache_enabled;
     return info;
 }
@@ -324,6 +325,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.prompt_info.tokens = std::span<const runtime::Token>(prompt);
     slot.prompt_info.message_boundaries = slot.request.message_boundaries;
     slot.prompt_info.cache_namespace = slot.request.cache_namespace;
+    slot.prompt_info.routing_key = slot.request.routing_key;
     slot.prompt_info.cache_enabled = slot.request.cache_enabled;
     slot.prompt_info.turn_end_follows =
         static_cast<bool>(slot.request.render_turn_end) && stage_->wants_turn_end(slot.prompt_info);
@@ -372,6 +374,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.stats.cached_tokens = slot.plan.n_restored;
     slot.stats.cache_decision = std::string(stage::to_string(slot.plan.decision));
     slot.stats.cache_tier = std::string(stage::to_string(slot.plan.tier));
+    slot.stats.miss_reason = slot.plan.miss_reason;
     return true;
 }
 

@@ -43,7 +43,11 @@ struct GenerationRequest {
     std::vector<std::string> stop;
     bool ignore_eos = false;
     std::vector<int32_t> message_boundaries;  // where chat-template messages end
+    // Tenant key (API key and cache_salt): requests of different tenants never share state.
     std::string cache_namespace;
+    // Routing hint (OpenAI's prompt_cache_key): requests with the same key prefer the lane
+    // the last one used; it never separates cached state.
+    std::string routing_key;
     bool cache_enabled = true;
     // Chat requests: tokens of the conversation with `reply` appended as the assistant
     // message, as the next request of this conversation will render it.

@@ -12,6 +12,8 @@
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
+#include "server/access_log.h"
+#include "server/api_keys.h"
 #include "stage/stage_factory.h"
 
 namespace skippy::server {
@@ -19,6 +21,13 @@ namespace skippy::server {
 namespace {
 
 HttpServer* g_http_server = nullptr;
+
+// The demo model's training context (the default context of each lane): room for an agent
+// CLI's system prompt and tools (~15k tokens) and a conversation.
+constexpr uint32_t kDemoContext = 32768;
+// The demo's default output limit: its random weights never end a reply, and an agent CLI
+// that sends no max_tokens would otherwise generate until the lane is full.
+constexpr int32_t kDemoMaxOutputTokens = 512;
 
 void handle_signal(int) {
     if (g_http_server != nullptr) {
@@ -34,11 +43,33 @@ std::string cache_dir() {
     return std::string(home != nullptr ? home : "/tmp") + "/.cache/skippy";
 }
 
+// " kv=512 MiB" (all lanes' K and V cells, estimated for models whose layers all have
+// attention), or "" when that is not known.
+std::string kv_cache_summary(const runtime::Model& model, const runtime::ContextOptions& ctx,
+                             uint32_t per_lane, uint32_t lanes) {
+    auto bytes_per_element = [](const std::string& type) {
+        return type == "f32"                     ? 4.0
+               : type == "f16" || type == "bf16" ? 2.0
+               : type == "q8_0"                  ? 34.0 / 32
+               : type == "q4_0"                  ? 18.0 / 32
+                                                 : 0.0;
+    };
+    const double per_element = (bytes_per_element(ctx.type_k) + bytes_per_element(ctx.type_v)) / 2;
+    const uint64_t elements = model.kv_elements_per_cell();
+    if (elements == 0 || bytes_per_element(ctx.type_k) == 0 || bytes_per_element(ctx.type_v) == 0) {
+        return "";
+    }
+    const double cells = static_cast<double>(per_lane) * lanes;
+    const double mib = cells * static_cast<double>(elements) * per_element / (1024.0 * 1024.0);
+    return " kv=" + std::to_string(static_cast<uint64_t>(mib + 0.5)) + " MiB";
+}
+
 }  // namespace
 
 std::string ensure_demo_model() {
     const std::filesystem::path dir = std::filesystem::path(cache_dir()) / "models";
-    const std::filesystem::path path = dir / "skippy-demo-llama-tools-v2.gguf";
+    // (-v3: a 32768-token training context, the default context of each lane.)
+    const std::filesystem::path path = dir / "skippy-demo-llama-tools-v3.gguf";
     if (std::filesystem::exists(path)) {
         return path.string();
     }
@@ -51,6 +82,7 @@ std::string ensure_demo_model() {
     spec.n_head = 4;
     spec.n_head_kv = 4;
     spec.n_ff = 768;
+    spec.n_ctx_train = kDemoContext;
     spec.seed = 7;
     // Tool calls out of the box: the Qwen2.5 chat template (tools, <tool_call> JSON calls)
     // with the Qwen2.5/Qwen3 tokenizer, in which its markers are single tokens.
@@ -79,8 +111,38 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("--port", c.http.port, "port (0 = any free port)")
         ->envname("SKIPPY_PORT")
         ->capture_default_str();
-    app.add_option("--api-key", c.http.api_key, "require Authorization: Bearer KEY")
+    app.add_option("--api-key", c.http.api_keys,
+                   "require Authorization: Bearer KEY or x-api-key: KEY (comma-separated or "
+                   "repeated: any key authorizes; with several, each key is its own cache "
+                   "tenant)")
+        ->delimiter(',')
         ->envname("SKIPPY_API_KEY");
+    app.add_option("--api-key-file", c.api_key_file,
+                   "more API keys, one per line ('#' starts a comment line)")
+        ->envname("SKIPPY_API_KEY_FILE");
+    app.add_option_function<std::string>(
+           "--log-format",
+           [&c](const std::string& v) {
+               try {
+                   c.http.access_log.format = parse_log_format(v);
+               } catch (const std::invalid_argument& e) {
+                   throw CLI::ValidationError("--log-format", e.what());
+               }
+           },
+           "access log lines: text (skippy: access key=value ...) | json (one object per line)")
+        ->envname("SKIPPY_LOG_FORMAT")
+        ->default_str("text");
+    app.add_option_function<std::string>(
+           "--access-log",
+           [&c](const std::string& v) {
+               if (v != "on" && v != "off") {
+                   throw CLI::ValidationError("--access-log", "must be on or off");
+               }
+               c.http.access_log.enabled = v == "on";
+           },
+           "one stderr line per HTTP request once its response is complete: on | off")
+        ->envname("SKIPPY_ACCESS_LOG")
+        ->default_str("on");
     app.add_option("--max-body-bytes", c.http.max_body_bytes, "largest request body (413 above)")
         ->envname("SKIPPY_MAX_BODY_BYTES")
         ->capture_default_str();
@@ -118,10 +180,15 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
         ->envname("SKIPPY_HTTP_MAX_HEADER_BYTES")
         ->capture_default_str();
     app.add_option("-c,--ctx-size", c.scheduler.context.n_ctx,
-                   "KV cells of all lanes, split evenly (0 = 4096 per lane, at most the "
-                   "model's training context)")
+                   "KV cells of all lanes, split evenly (0 = the model's training context "
+                   "per lane)")
         ->envname("SKIPPY_CTX_SIZE")
         ->capture_default_str();
+    app.add_option("-n,--max-output-tokens", c.max_output_tokens,
+                   "output tokens when a request names none, and the most any request gets "
+                   "(0 = the lane's room; default 0, 512 for the demo model)")
+        ->envname("SKIPPY_MAX_OUTPUT_TOKENS")
+        ->check(CLI::Range(0, INT32_MAX));
     app.add_option("--lanes", c.scheduler.lanes, "concurrent request lanes")
         ->envname("SKIPPY_LANES")
         ->capture_default_str();
@@ -205,8 +272,14 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
 }
 
 int run_serve(ServeConfig config) {
-    if (config.model_path.empty()) {
+    const bool demo = config.model_path.empty();
+    if (demo) {
         config.model_path = ensure_demo_model();
+    }
+    if (!config.api_key_file.empty()) {
+        for (auto& key : read_api_key_file(config.api_key_file)) {
+            config.http.api_keys.push_back(std::move(key));
+        }
     }
     auto model = runtime::Model::load(config.model_path);
     std::string template_override;
@@ -220,9 +293,14 @@ int run_serve(ServeConfig config) {
         template_override = ss.str();
     }
     runtime::ChatTemplate chat_template(*model, template_override);
+    // The context of each lane: the model's training context unless --ctx-size splits
+    // another total (like llama-server's -c with --parallel).
+    std::string ctx_source = "--ctx-size / lanes";
     if (config.scheduler.context.n_ctx == 0) {
-        const uint32_t train = model->n_ctx_train() > 0 ? model->n_ctx_train() : 4096;
-        config.scheduler.context.n_ctx = std::min<uint32_t>(4096, train) * config.scheduler.lanes;
+        const uint64_t train = model->n_ctx_train() > 0 ? model->n_ctx_train() : 4096;
+        config.scheduler.context.n_ctx = static_cast<uint32_t>(
+            std::min<uint64_t>(train * std::max<uint32_t>(1, config.scheduler.lanes), UINT32_MAX));
+        ctx_source = model->n_ctx_train() > 0 ? "model's training context" : "default";
     }
     if (config.cache.disk_dir.empty()) {
         config.cache.disk_dir = cache_dir() + "/prefix-cache";
@@ -245,9 +323,19 @@ int run_serve(ServeConfig config) {
     const std::string model_id = model_ids.front();
     RequestLimits limits;
     limits.n_ctx = scheduler.n_ctx();
+    limits.max_output_tokens = config.max_output_tokens >= 0 ? config.max_output_tokens
+                               : demo                        ? kDemoMaxOutputTokens
+                                                             : 0;
     OpenAiRequestParser parser(*model, chat_template, model_ids, limits);
     HttpServer http(config.http, scheduler, parser, model_id, stage_backend.metrics);
     const int port = http.bind();
+    const ApiKeys keys(config.http.api_keys);
+    const auto& ctx = config.scheduler.context;
+    const std::string max_output =
+        limits.max_output_tokens > 0
+            ? std::to_string(limits.max_output_tokens) +
+                  (demo && config.max_output_tokens < 0 ? " (demo default)" : "")
+            : std::string("lane room");
 
     std::cerr << "skippy: model " << config.model_path << " (" << model->arch() << ", "
               << runtime::model_kind_name(model->kind()) << ", " << model->n_params()
@@ -255,14 +343,18 @@ int run_serve(ServeConfig config) {
               << "skippy: id=" << model_id
               << (model_ids.size() > 1 ? " (aliases: " + std::to_string(model_ids.size()) + ")"
                                        : std::string())
-              << " ctx=" << config.scheduler.context.n_ctx << " lanes=" << config.scheduler.lanes
-              << " ctx_per_lane=" << scheduler.n_ctx() << " flash_attn="
+              << " ctx=" << scheduler.n_ctx() * config.scheduler.lanes
+              << " lanes=" << config.scheduler.lanes << " ctx per lane=" << scheduler.n_ctx()
+              << " (" << ctx_source << ")"
+              << kv_cache_summary(*model, ctx, scheduler.n_ctx(), config.scheduler.lanes)
+              << " max_output_tokens=" << max_output << " flash_attn="
               << runtime::flash_attn_name(runtime::resolve_flash_attn(
                      config.scheduler.context.flash_attn, model->kind()))
               << " threads=" << config.scheduler.context.n_threads
               << " batch=" << config.scheduler.context.n_batch
-              << " queue_depth=" << config.scheduler.max_queue_depth
-              << " auth=" << (config.http.api_key.empty() ? "off" : "on") << "\n"
+              << " queue_depth=" << config.scheduler.max_queue_depth << " auth=" << keys.summary()
+              << " log_format=" << log_format_name(config.http.access_log.format)
+              << " access_log=" << (config.http.access_log.enabled ? "on" : "off") << "\n"
               << "skippy: cache " << cache_summary << "\n"
               << "skippy: listening on http://" << config.http.host << ":" << port << std::endl;
     g_http_server = &http;

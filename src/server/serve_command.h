@@ -1,6 +1,7 @@
 // `skippy serve`: configuration (CLI flags + SKIPPY_* environment variables) and start-up.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,16 @@ class App;
 namespace skippy::server {
 
 struct ServeConfig {
+    ServeConfig() { scheduler.context.n_ctx = 0; }  // 0: the model's training context per lane
     std::string model_path;  // empty = built-in demo model (generated once, cached on disk)
     // Model names requests may use (the first one is reported first); "*" accepts any name.
     // Empty: the file stem.
     std::vector<std::string> model_aliases;
     std::string chat_template_file;
+    std::string api_key_file;  // more keys for http.api_keys, one per line
+    // Output tokens when a request names none, and the most any request gets; 0 = the lane's
+    // room, -1 = the default (0, or 512 for the demo model, whose random weights never stop).
+    int32_t max_output_tokens = -1;
     HttpServerOptions http;
     SchedulerOptions scheduler;
     stage::CacheConfig cache;

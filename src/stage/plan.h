@@ -30,6 +30,7 @@
 #include <climits>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -52,6 +53,9 @@ struct Plan {
     int32_t n_restored = 0;  // prompt tokens in the lane now
     CacheDecision decision = CacheDecision::Miss;
     CacheTier tier = CacheTier::None;
+    // Why nothing was restored (the lookup event's reason: never_seen, below_min_tokens,
+    // namespace, cache_off; for Error what failed); empty for a hit.
+    std::string miss_reason;
     // Ascending ends of the prefill chunks (from n_restored), the last one = the prompt
     // size, following the exactness rule above.
     std::vector<int32_t> chunk_ends;

@@ -235,18 +235,24 @@ SeqId PrefixCacheStage::choose_lane(std::span<const SeqId> idle, const PromptInf
     int32_t best_match = -1;
     bool best_empty = false;
     uint64_t best_used = UINT64_MAX;
+    bool best_routed = false;
     for (SeqId lane : idle) {
         const LaneState& s = lanes_[static_cast<size_t>(lane)];
         const int32_t match = lookup ? lane_match(s, ns, prompt) : 0;
         const bool empty = s.tokens.empty();
-        // Longest match first; then an empty lane; then the least recently used one, so
-        // that the states other conversations will come back to survive longest.
-        const bool better = match != best_match   ? match > best_match
-                            : empty != best_empty ? empty
-                                                  : s.last_used < best_used;
+        // The routing hint (prompt_cache_key): the lane the key's last request used.
+        const bool routed = !prompt.routing_key.empty() && s.routing_key == prompt.routing_key;
+        // Longest match first; then the routing hint's lane; then an empty lane; then the
+        // least recently used one, so that the states other conversations will come back to
+        // survive longest.
+        const bool better = match != best_match     ? match > best_match
+                            : routed != best_routed ? routed
+                            : empty != best_empty   ? empty
+                                                    : s.last_used < best_used;
         if (better) {
             best = lane;
             best_match = match;
+            best_routed = routed;
             best_empty = empty;
             best_used = s.last_used;
         }
@@ -300,6 +306,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
                             const PromptInfo& prompt, int32_t max_chunk) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
     state.last_used = ++clock_;
+    state.routing_key = prompt.routing_key;
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     if (!state.pending.empty()) {
         // Records waiting for this lane's state survive only if the new prompt keeps all of
@@ -329,6 +336,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     }
     event.restored_tokens = restored;
     event.suffix_tokens = n - restored;
+    plan.miss_reason = event.reason;
     telemetry_->lookup(event);
     // The lane's checkpoints are states of the tokens it held: only those inside what that
     // shares with this prompt (and inside what was restored) are states of this prompt too.

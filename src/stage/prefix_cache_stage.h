@@ -130,6 +130,7 @@ class PrefixCacheStage final : public StageBackend {
         int32_t turn_start = -1;
         std::vector<int32_t> pending;  // positions to record, export deferred
         uint64_t last_used = 0;
+        std::string routing_key;  // prompt_cache_key of the last request (lane affinity)
         // While a request runs on the lane: its prompt, and how much of it is prefilled. The
         // body part of that (tokens[0, min(prefilled, body_end))) is exact state another
         // lane may copy (prefix_cache_peer.cpp).

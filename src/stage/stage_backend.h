@@ -41,6 +41,7 @@ struct PromptInfo {
     // diverges, so where checkpoints pay off.
     std::vector<int32_t> message_boundaries;
     std::string cache_namespace;  // tenant key; empty = default namespace
+    std::string routing_key;      // prompt_cache_key: lane affinity only, not a namespace
     bool cache_enabled = true;    // per-request opt-out
     // The scheduler will prefill the end of this turn after the reply (chat requests).
     bool turn_end_follows = false;

@@ -60,6 +60,8 @@ class Server:
         args = [SKIPPY, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
                 "--threads", THREADS] + list(extra_args)
         self.log_lines = []
+        # Headers every request sends (e.g. an API key), under the request's own.
+        self.default_headers = {}
         full_env = dict(os.environ)
         # The disk tier is per test: off unless a test names a folder (--cache-dir or env).
         full_env.setdefault("SKIPPY_CACHE_DISK", "off")
@@ -107,6 +109,7 @@ class Server:
     def request(self, method, path, body=None, headers=None, raw=None, timeout=120):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         h = {"Content-Type": "application/json"} if data is not None else {}
+        h.update(self.default_headers)
         h.update(headers or {})
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=h)
         try:
@@ -163,6 +166,17 @@ class Server:
                 return True
             time.sleep(0.05)
         return False
+
+    def access_lines(self, pattern, timeout=10):
+        """The access-log lines (stderr) that match the regex `pattern`, waiting up to
+        `timeout` for at least one (the stderr reader runs on its own thread)."""
+        deadline = time.time() + timeout
+        while True:
+            lines = [line for line in list(self.log_lines)
+                     if "access" in line and re.search(pattern, line)]
+            if lines or time.time() >= deadline:
+                return lines
+            time.sleep(0.02)
 
     def wait_idle(self, timeout=30):
         deadline = time.time() + timeout

@@ -163,8 +163,12 @@ class ApiFormatsTest(unittest.TestCase):
     def test_responses_errors(self):
         for body, param in [({"model": "gpt-4o", "input": "x", "previous_response_id": "r1"},
                              "previous_response_id"),
-                            ({"model": "gpt-4o", "input": "x", "tools": [{"type": "web_search"}]},
-                             "tools[0].type"),
+                            ({"model": "gpt-4o", "input": "x", "tools": [{"type": "web_search"}],
+                              "tool_choice": {"type": "web_search"}}, "tool_choice"),
+                            ({"model": "gpt-4o", "input": "x", "tools": [{"type": "web_search"}],
+                              "tool_choice": "required"}, "tool_choice"),
+                            ({"model": "gpt-4o", "input": "x", "conversation": "conv_1"},
+                             "conversation"),
                             ({"model": "gpt-4o"}, "input"),
                             ({"model": "gpt-4o", "input": [{"type": "function_call_output",
                                                             "call_id": "nope", "output": "x"}]},
@@ -173,6 +177,147 @@ class ApiFormatsTest(unittest.TestCase):
                 status, resp = self.server.post_json("/v1/responses", body)
                 self.assertEqual(status, 400, resp)
                 self.assertEqual(resp["error"]["param"], param)
+
+    def test_responses_codex_shapes(self):
+        """What Codex CLI sends: developer messages, client_metadata, include, store: false,
+        reasoning.summary, a namespace tool and a hosted web_search tool beside function
+        tools, prompt_cache_key, no max_output_tokens (the server's cap ends the turn); hosted
+        and grouped tools are left out and named in x-skippy-dropped-tools, unknown top-level
+        fields are accepted and named in x-skippy-ignored-fields."""
+        tools = [{"type": "function", "name": "exec_command", "strict": False,
+                  "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                                 "required": ["cmd"]}},
+                 {"type": "namespace", "name": "multi_agent_v1", "description": "agents",
+                  "tools": [{"type": "function", "name": "close_agent",
+                             "parameters": {"type": "object", "properties": {}}}]},
+                 {"type": "web_search", "external_web_access": False}]
+        body = {"model": "gpt-4o", "stream": True, "tools": tools, "tool_choice": "auto",
+                "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
+                "include": ["reasoning.encrypted_content"], "prompt_cache_key": "session-1",
+                "client_metadata": {"x-codex-turn-metadata": "{}"},
+                "some_future_field": {"x": 1}, "max_output_tokens": 8,
+                "input": [{"type": "message", "role": "developer",
+                           "content": [{"type": "input_text", "text": "You are Codex."}]},
+                          {"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": "List the files"}]}]}
+        status, headers, raw = self.post_raw("/v1/responses", body)
+        self.assertEqual(status, 200, raw)
+        names = [n for n, _ in sse_events(raw)]
+        self.assertIn(names[-1], ("response.completed", "response.incomplete"))
+        lower = {k.lower(): v for k, v in headers.items()}
+        self.assertIn("web_search", lower.get("x-skippy-dropped-tools", ""))
+        self.assertIn("namespace:multi_agent_v1", lower.get("x-skippy-dropped-tools", ""))
+        self.assertIn("some_future_field", lower.get("x-skippy-ignored-fields", ""))
+        # A second session (another prompt_cache_key) of the same prompt restores it: the key
+        # is a routing hint, not a cache namespace.
+        body2 = dict(body, stream=False, prompt_cache_key="session-2")
+        status, resp = self.server.post_json("/v1/responses", body2)
+        self.assertEqual(status, 200, resp)
+        self.assertGreater(resp["usage"]["input_tokens_details"]["cached_tokens"], 0)
+        # A function_call item with a namespace, an assistant message with a phase, and a
+        # reasoning item with encrypted content replay as history.
+        follow = dict(body2, input=body["input"] + [
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+            {"type": "message", "role": "assistant", "phase": "commentary",
+             "content": [{"type": "output_text", "text": "Looking.", "annotations": []}]},
+            {"type": "function_call", "call_id": "call_1", "name": "exec_command",
+             "namespace": None, "arguments": "{\"cmd\": \"ls\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}])
+        status, resp = self.server.post_json("/v1/responses", follow)
+        self.assertEqual(status, 200, resp)
+
+    def test_messages_claude_code_shapes(self):
+        """What Claude Code sends: system blocks with cache_control, a system message after
+        the user's, adaptive thinking with display omitted, context_management, output_config,
+        metadata, deferred tools and a server tool; all accepted with their meaning."""
+        tools = [{"name": "Bash", "description": "Run a command",
+                  "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                   "required": ["command"]}},
+                 {"name": "Later", "description": "Deferred", "defer_loading": True,
+                  "input_schema": {"type": "object", "properties": {}}},
+                 {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
+        body = {"model": "claude-3-5-sonnet", "max_tokens": 8, "stream": True,
+                "system": [{"type": "text", "text": "You are Claude Code."},
+                           {"type": "text", "text": "Be brief.",
+                            "cache_control": {"type": "ephemeral"}}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                             {"role": "system", "content": [
+                                 {"type": "text", "text": "Reminder: be careful.",
+                                  "cache_control": {"type": "ephemeral"}}]}],
+                "tools": tools, "metadata": {"user_id": "u"},
+                "thinking": {"type": "adaptive", "display": "omitted"},
+                "context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                                  "keep": "all"}]},
+                "output_config": {"effort": "medium"}, "speed_hint": "fast"}
+        status, headers, raw = self.post_raw("/v1/messages?beta=true", body)
+        self.assertEqual(status, 200, raw)
+        events = sse_events(raw)
+        self.assertEqual(events[-1][0], "message_stop")
+        delta = [p for n, p in events if n == "message_delta"][0]
+        self.assertEqual(delta["context_management"], {"applied_edits": []})
+        lower = {k.lower(): v for k, v in headers.items()}
+        self.assertIn("web_search", lower.get("x-skippy-dropped-tools", ""))
+        self.assertIn("speed_hint", lower.get("x-skippy-ignored-fields", ""))
+        # The deferred tool is not rendered until a tool_reference loads it.
+        count = {k: body[k] for k in ("model", "system", "messages", "tools")}
+        _, base = self.server.post_json("/v1/messages/count_tokens", count)
+        without = dict(count, tools=[tools[0]])
+        _, plain = self.server.post_json("/v1/messages/count_tokens", without)
+        self.assertEqual(base["input_tokens"], plain["input_tokens"])
+
+    def test_messages_system_placement(self):
+        for messages in ([{"role": "system", "content": "x"},
+                          {"role": "user", "content": "Hi"}],
+                         [{"role": "user", "content": "Hi"}, {"role": "system", "content": "a"},
+                          {"role": "system", "content": "b"}],
+                         [{"role": "user", "content": "Hi"}, {"role": "system", "content": "a"},
+                          {"role": "user", "content": "Hi"}]):
+            with self.subTest(messages=messages):
+                status, resp = self.server.post_json("/v1/messages", {
+                    "max_tokens": 4, "messages": messages})
+                self.assertEqual(status, 400, resp)
+                self.assertIn("system message", resp["error"]["message"])
+
+    def test_messages_context_edits(self):
+        """clear_thinking keeps the thinking of the last N assistant turns; clear_tool_uses
+        replaces all but the last `keep` tool results once its trigger fires; both are
+        reported in context_management.applied_edits."""
+        schema = {"type": "object", "properties": {"command": {"type": "string"}}}
+        messages = []
+        for i in range(3):
+            messages += [
+                {"role": "user", "content": f"Step {i}: run it"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": f"Thinking about step {i} " * 20,
+                     "signature": "sig"},
+                    {"type": "tool_use", "id": f"toolu_{i}", "name": "Bash",
+                     "input": {"command": f"ls {i}"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                     "content": f"output of step {i} " * 30}]}]
+        body = {"max_tokens": 2, "temperature": 0, "messages": messages,
+                "tools": [{"name": "Bash", "input_schema": schema}],
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "context_management": {"edits": [
+                    {"type": "clear_thinking_20251015",
+                     "keep": {"type": "thinking_turns", "value": 1}},
+                    {"type": "clear_tool_uses_20250919",
+                     "trigger": {"type": "tool_uses", "value": 2},
+                     "keep": {"type": "tool_uses", "value": 1},
+                     "clear_tool_inputs": ["Bash"]}]}}
+        status, resp = self.server.post_json("/v1/messages", body)
+        self.assertEqual(status, 200, resp)
+        edits = {e["type"]: e for e in resp["context_management"]["applied_edits"]}
+        self.assertEqual(edits["clear_tool_uses_20250919"]["cleared_tool_uses"], 2)
+        self.assertGreater(edits["clear_tool_uses_20250919"]["cleared_input_tokens"], 0)
+        # The edited prompt is shorter than the same request without the edits.
+        _, plain = self.server.post_json("/v1/messages", dict(body, context_management=None))
+        self.assertLess(resp["usage"]["input_tokens"] + resp["usage"]["cache_read_input_tokens"],
+                        plain["usage"]["input_tokens"] + plain["usage"]["cache_read_input_tokens"])
+        status, resp = self.server.post_json("/v1/messages", dict(body, context_management={
+            "edits": [{"type": "clear_tool_uses_20250919"},
+                      {"type": "clear_thinking_20251015"}]}))
+        self.assertEqual(status, 400, resp)
 
     # ---- tokenize, models, aliases ----
 
