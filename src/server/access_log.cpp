@@ -109,6 +109,23 @@ std::string error_code_of(const AccessRecord& record, const httplib::Response& r
     return default_error_code(res.status);
 }
 
+// The error message of an OpenAI- or Anthropic-shaped body ("error": {"message": ...}): the
+// log says which field a refused request named.
+std::string error_message_of(const httplib::Response& res) {
+    const json body = json::parse(res.body, nullptr, false);
+    if (!body.is_object()) {
+        return "";
+    }
+    const auto error = body.find("error");
+    if (error == body.end() || !error->is_object()) {
+        return "";
+    }
+    const auto message = error->find("message");
+    return message != error->end() && message->is_string()
+               ? utf8_prefix(message->get<std::string>(), 200)
+               : "";
+}
+
 std::string utc_now() {
     const auto now = std::chrono::system_clock::now();
     const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
@@ -167,6 +184,7 @@ void AccessLog::response_ready(const httplib::Request& req, httplib::Response& r
     record->start = req.start_time_;
     if (res.status >= 400) {
         record->error_code = error_code_of(*record, res);
+        record->error_message = error_message_of(res);
     }
     if (!record->streamed) {
         finish(*record);
@@ -246,6 +264,7 @@ std::string AccessLog::text_line(const AccessRecord& r, double total_ms) const {
     add("status", std::to_string(r.status));
     if (r.status >= 400) {
         add("code", r.error_code);
+        add("error", r.error_message);
     }
     add("tenant", r.tenant);
     add("model", r.model);
@@ -283,6 +302,7 @@ std::string AccessLog::json_line(const AccessRecord& r, double total_ms) const {
                  {"status", r.status}};
     if (r.status >= 400) {
         line["code"] = r.error_code;
+        line["error"] = r.error_message;
     }
     if (!r.tenant.empty()) {
         line["tenant"] = r.tenant;

@@ -48,16 +48,17 @@ struct AccessLogOptions {
 
 struct AccessRecord {
     // ---- filled by the handlers ----
-    int api_key = -1;          // the configured key that authorized the request (-1: none)
-    std::string tenant;        // the key's log name when keys are separate tenants
-    std::string model;         // the model the request named (resolved)
-    RequestNotes notes;        // fields ignored, tools left out
-    int generations = 0;       // choices finished
-    GenerationStats stats;     // the first choice's, with the completion tokens of all
-    std::string error_code;    // an error whose body carries no code (Anthropic's shape)
-    std::string stream_error;  // an error reported inside a streamed 200
-    bool streamed = false;     // logged when the stream ends (stream_finished)
-    bool cancelled = false;    // the client went away before the response was complete
+    int api_key = -1;           // the configured key that authorized the request (-1: none)
+    std::string tenant;         // the key's log name when keys are separate tenants
+    std::string model;          // the model the request named (resolved)
+    RequestNotes notes;         // fields ignored, tools left out
+    int generations = 0;        // choices finished
+    GenerationStats stats;      // the first choice's, with the completion tokens of all
+    std::string error_code;     // an error whose body carries no code (Anthropic's shape)
+    std::string error_message;  // set by response_ready: the body's error.message (a prefix)
+    std::string stream_error;   // an error reported inside a streamed 200
+    bool streamed = false;      // logged when the stream ends (stream_finished)
+    bool cancelled = false;     // the client went away before the response was complete
     void add(const GenerationStats& choice);
 
     // ---- set by response_ready ----

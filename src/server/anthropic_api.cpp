@@ -55,7 +55,10 @@ void convert_message(const json& message, const nlohmann::ordered_json& ordered,
     if (!message.is_object()) {
         throw invalid_request("'" + where + "' must be an object", where);
     }
-    reject_unknown_fields(message, {{"role", FieldUse::Honored}, {"content", FieldUse::Honored}},
+    reject_unknown_fields(message,
+                          {{"role", FieldUse::Honored},
+                           {"content", FieldUse::Honored},
+                           {"output_config", FieldUse::Honored}},
                           where);
     const std::string role = string_field(message, "role", "", where);
     if (role == "system") {
@@ -391,17 +394,17 @@ void convert_thinking(const json& thinking, json& chat, AnthropicRequest& out) {
 
 // output_config: effort is the template's reasoning switch (reasoning_effort); format is a
 // structured output (a JSON schema the reply must match).
-void convert_output_config(const json& config, json& chat) {
+void convert_output_config(const json& config, json& chat, const std::string& where) {
     if (!config.is_object()) {
-        throw invalid_request("'output_config' must be an object", "output_config");
+        throw invalid_request("'" + where + "' must be an object", where);
     }
     reject_unknown_fields(config, {{"effort", FieldUse::Honored}, {"format", FieldUse::Honored}},
-                          "output_config");
+                          where);
     if (const json* effort = find_field(config, "effort")) {
-        const std::string v = checked_text(*effort, "output_config.effort");
+        const std::string v = checked_text(*effort, where + ".effort");
         if (v != "low" && v != "medium" && v != "high" && v != "xhigh" && v != "max") {
-            throw invalid_request("'output_config.effort' must be low, medium, high, xhigh or max",
-                                  "output_config.effort");
+            throw invalid_request("'" + where + ".effort' must be low, medium, high, xhigh or max",
+                                  where + ".effort");
         }
         chat["reasoning_effort"] = v == "max" ? "xhigh" : v;
     }
@@ -409,8 +412,8 @@ void convert_output_config(const json& config, json& chat) {
         if (!format->is_object() || format->value("type", "") != "json_schema" ||
             !format->contains("schema")) {
             throw invalid_request(
-                "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": ...}",
-                "output_config.format");
+                "'" + where + ".format' must be {\"type\": \"json_schema\", \"schema\": ...}",
+                where + ".format");
         }
         chat["response_format"] =
             json{{"type", "json_schema"},
@@ -503,7 +506,20 @@ AnthropicRequest anthropic_request(const json& body, const nlohmann::ordered_jso
         convert_thinking(*thinking, chat, out);
     }
     if (const json* config = find_field(body, "output_config")) {
-        convert_output_config(*config, chat);
+        convert_output_config(*config, chat, "output_config");
+    }
+    // Per-turn control (beta per-turn-control-2026-07-01): a message's output_config governs
+    // the reply that follows it, so the last message's applies to this one (over the
+    // request's); earlier ones governed earlier replies and change nothing now.
+    for (size_t i = 0; i < input->size(); ++i) {
+        if (const json* config = find_field((*input)[i], "output_config")) {
+            json turn = json::object();
+            convert_output_config(*config, turn,
+                                  "messages[" + std::to_string(i) + "].output_config");
+            if (i + 1 == input->size()) {
+                chat.update(turn);
+            }
+        }
     }
     apply_context_edits(edits, chat, count_tokens, out.applied_edits);
     return out;

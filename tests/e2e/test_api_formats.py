@@ -241,9 +241,9 @@ class ApiFormatsTest(unittest.TestCase):
                            {"type": "text", "text": "Be brief.",
                             "cache_control": {"type": "ephemeral"}}],
                 "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
-                             {"role": "system", "content": [
-                                 {"type": "text", "text": "Reminder: be careful.",
-                                  "cache_control": {"type": "ephemeral"}}]}],
+                             {"role": "system", "output_config": {"effort": "medium"},
+                              "content": [{"type": "text", "text": "Reminder: be careful.",
+                                           "cache_control": {"type": "ephemeral"}}]}],
                 "tools": tools, "metadata": {"user_id": "u"},
                 "thinking": {"type": "adaptive", "display": "omitted"},
                 "context_management": {"edits": [{"type": "clear_thinking_20251015",
