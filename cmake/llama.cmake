@@ -34,6 +34,15 @@ set(_ls "${SKIPPY_LLAMA_SRC}")
 skippy_import_static(llama_ggml_base "${_lb}/ggml/src/libggml-base.a")
 skippy_import_static(llama_ggml_cpu "${_lb}/ggml/src/libggml-cpu.a")
 skippy_import_static(llama_ggml "${_lb}/ggml/src/libggml.a")
+# llama.cpp's RPC client backend (layers on other hosts' rpc-server; scripts/setup builds it).
+skippy_import_static(llama_ggml_rpc "${_lb}/ggml/src/ggml-rpc/libggml-rpc.a")
+# A CUDA build (SKIPPY_LLAMA_BUILD pointing at scripts/setup's build-cuda) adds its backend.
+set(_llama_cuda_libs "")
+if(EXISTS "${_lb}/ggml/src/ggml-cuda/libggml-cuda.a")
+  find_package(CUDAToolkit REQUIRED)
+  skippy_import_static(llama_ggml_cuda "${_lb}/ggml/src/ggml-cuda/libggml-cuda.a")
+  set(_llama_cuda_libs llama_ggml_cuda CUDA::cudart_static CUDA::cublas_static CUDA::cublasLt_static CUDA::culibos)
+endif()
 skippy_import_static(llama_lib "${_lb}/src/libllama.a")
 skippy_import_static(llama_common_lib "${_lb}/common/libllama-common.a")
 skippy_import_static(llama_common_base "${_lb}/common/libllama-common-base.a")
@@ -42,8 +51,8 @@ skippy_import_static(llama_httplib "${_lb}/vendor/cpp-httplib/libcpp-httplib.a")
 # llama.h / gguf.h / ggml.h: only src/runtime may use this target.
 add_library(skippy_llama INTERFACE)
 target_include_directories(skippy_llama SYSTEM INTERFACE "${_ls}/include" "${_ls}/ggml/include")
-target_link_libraries(skippy_llama INTERFACE llama_lib llama_ggml llama_ggml_cpu llama_ggml_base
-                      Threads::Threads ${CMAKE_DL_LIBS} m)
+target_link_libraries(skippy_llama INTERFACE llama_lib llama_ggml llama_ggml_cpu llama_ggml_rpc
+                      ${_llama_cuda_libs} llama_ggml_base Threads::Threads ${CMAKE_DL_LIBS} m)
 
 # llama.cpp common/ (chat templates, sampling helpers); runtime-only as well.
 add_library(skippy_llama_common INTERFACE)
@@ -58,4 +67,5 @@ target_include_directories(skippy_httplib SYSTEM INTERFACE "${_ls}/vendor")
 target_link_libraries(skippy_httplib INTERFACE llama_httplib Threads::Threads)
 
 set(SKIPPY_LLAMA_SERVER_BIN "${_lb}/bin/llama-server" CACHE FILEPATH "llama-server built from the same pin")
+set(SKIPPY_RPC_SERVER_BIN "${_lb}/bin/rpc-server" CACHE FILEPATH "rpc-server built from the same pin")
 set(SKIPPY_LLAMA_VOCAB_DIR "${_ls}/models" CACHE PATH "vocab GGUFs shipped with llama.cpp")
