@@ -26,6 +26,11 @@ void add_make_model_options(CLI::App& cmd, skippy::runtime::ModelSpec& spec, std
     cmd.add_option("--ctx", spec.n_ctx_train, "training context length")->capture_default_str();
     cmd.add_option("--seed", spec.seed, "weight seed")->capture_default_str();
     cmd.add_flag("--f16", spec.f16, "store weight matrices as f16 (default f32)");
+    cmd.add_option("--type", spec.type,
+                   "weight type: f32, f16, bf16, q8_0, q6_k, q5_k_m, q5_k_s, q5_0, q5_1, "
+                   "q4_k_m, q4_k_s, q4_0, q4_1, q3_k_l, q3_k_m, q3_k_s, q2_k (quantized by "
+                   "llama.cpp's quantizer from an f16 model)")
+        ->check(CLI::IsMember(skippy::runtime::supported_weight_types()));
     cmd.add_option("--vocab", spec.vocab,
                    "tokenizer: llama.cpp models/ggml-vocab-<NAME>.gguf, or qwen3 / "
                    "llama-spm-chatml (qwen2 / llama-spm with their chat control tokens)")
@@ -53,19 +58,19 @@ int main(int argc, char** argv) {
     CLI::App* make_model = app.add_subcommand("make-model", "write a random-weight GGUF model");
     add_make_model_options(*make_model, spec, out_path);
 
+    // llama-server's -ngl, -dev, -ts, -mg, -sm: CLI11 reads only one letter after one dash.
+    std::vector<char*> args(argv, argv + argc);
+    skippy::server::rewrite_llama_server_flags(args);
     // `skippy` with no subcommand behaves like `skippy serve`, with serve's options.
     if (argc > 1 && std::string(argv[1]).rfind("-", 0) == 0 && std::string(argv[1]) != "-h" &&
         std::string(argv[1]) != "--help") {
-        std::vector<char*> args(argv, argv + argc);
         static char serve_word[] = "serve";
         args.insert(args.begin() + 1, serve_word);
-        try {
-            app.parse(static_cast<int>(args.size()), args.data());
-        } catch (const CLI::ParseError& e) {
-            return app.exit(e);
-        }
-    } else {
-        CLI11_PARSE(app, argc, argv);
+    }
+    try {
+        app.parse(static_cast<int>(args.size()), args.data());
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
     }
 
     try {

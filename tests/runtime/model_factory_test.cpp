@@ -272,6 +272,34 @@ TEST_F(ModelFactoryTest, F16VariantLoads) {
     }
 }
 
+// --type: written as F16, then quantized by llama.cpp's quantizer; the result loads, generates
+// finite logits deterministically, and is smaller than the F16 file.
+TEST_F(ModelFactoryTest, QuantizedTypesLoad) {
+    for (const std::string arch : {"llama", "qwen35", "mamba2"}) {
+        const fs::path f16 = dir_ / (arch + "-ref-f16.gguf");
+        ModelSpec base = tiny_spec(arch);
+        base.f16 = true;
+        make_random_model(base, f16.string());
+        for (const std::string type : {"q8_0", "q4_k_m"}) {
+            const fs::path path = dir_ / (arch + "-" + type + ".gguf");
+            ModelSpec s = tiny_spec(arch);
+            s.type = type;
+            make_random_model(s, path.string());
+            EXPECT_FALSE(fs::exists(path.string() + ".f16.tmp")) << arch << " " << type;
+            const GreedyResult q = greedy_probe(path.string(), "Hello world", 4, probe_options());
+            EXPECT_TRUE(q.all_finite) << arch << " " << type;
+            EXPECT_EQ(q.tokens, greedy_generate(path.string(), "Hello world", 4, probe_options()))
+                << arch << " " << type;
+            EXPECT_LT(fs::file_size(path), fs::file_size(f16)) << arch << " " << type;
+            fs::remove(path);
+        }
+        fs::remove(f16);
+    }
+    ModelSpec bad = tiny_spec("llama");
+    bad.type = "q9_9";
+    EXPECT_THROW(make_random_model(bad, (dir_ / "bad.gguf").string()), std::runtime_error);
+}
+
 TEST_F(ModelFactoryTest, BpeVocabWithMerges) {
     const fs::path path = dir_ / "gpt2-vocab.gguf";
     ModelSpec s = tiny_spec("llama");

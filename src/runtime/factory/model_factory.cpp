@@ -609,7 +609,30 @@ ModelSpec resolve_model_spec(const ModelSpec& spec) {
 }
 
 void make_random_model(const ModelSpec& spec_in, const std::string& out_path) {
-    const ModelSpec spec = resolve_model_spec(spec_in);
+    if (is_quantized_weight_type(spec_in.type)) {
+        // Written as F16 next to the output, then quantized into place.
+        ModelSpec base = spec_in;
+        base.type = "";
+        base.f16 = true;
+        const std::string tmp = out_path + ".f16.tmp";
+        make_random_model(base, tmp);
+        try {
+            quantize_model_file(tmp, out_path, spec_in.type);
+        } catch (...) {
+            std::error_code ec;
+            fs::remove(tmp, ec);
+            throw;
+        }
+        std::error_code ec;
+        fs::remove(tmp, ec);
+        return;
+    }
+    ModelSpec spec = resolve_model_spec(spec_in);
+    if (spec.type == "f16") {
+        spec.f16 = true;
+    } else if (!spec.type.empty() && spec.type != "f32") {
+        fail("unknown --type '" + spec.type + "'");
+    }
     if (out_path.empty()) {
         fail("empty output path");
     }

@@ -43,6 +43,10 @@ struct ModelSpec {
     uint32_t n_ctx_train = 4096;
     uint64_t seed = 1;
     bool f16 = false;  // store 2-D weight matrices as F16 (norms, conv, SSM params stay F32)
+    // Weight type of the written file: "" (f32, or f16 with `f16`), or one of
+    // supported_weight_types(): the model is written as F16 and quantized by llama.cpp's
+    // quantizer (llama_model_quantize), as llama-quantize would (q8_0, q4_k_m, ...).
+    std::string type;
     std::string vocab = "llama-spm";  // ggml-vocab-<vocab>.gguf from llama.cpp's models/
     float init_std = 0.02f;  // std of token_embd / output (logits ~ init_std * sqrt(n_embd))
     float init_gain = 1.0f;  // hidden matrices: N(0, (init_gain / sqrt(fan_in))^2)
@@ -74,6 +78,13 @@ std::vector<std::string> supported_model_archs();
 // validates it. Throws std::runtime_error with a clear message when the spec is invalid
 // (unknown arch, n_embd not divisible by n_head, inconsistent SSM sizes, ...).
 ModelSpec resolve_model_spec(const ModelSpec& spec);
+
+// Weight types `type` accepts: f32, f16, bf16, q8_0, q6_k, q5_k_m, ..., q4_k_m, ..., q2_k.
+std::vector<std::string> supported_weight_types();
+bool is_quantized_weight_type(const std::string& type);  // anything but f32 / f16
+// Quantizes a GGUF file to `type` with llama.cpp's quantizer; throws std::runtime_error.
+void quantize_model_file(const std::string& in_path, const std::string& out_path,
+                         const std::string& type);
 
 // Writes a random-weight model for `spec` to `out_path` (overwritten). Throws
 // std::runtime_error when the spec is invalid, the vocab is missing or writing fails.
