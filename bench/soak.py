@@ -7,7 +7,7 @@ prefix cache churns past its RAM and disk budgets, then checks that nothing leak
     python3 bench/soak.py --family hybrid          # hybrid (qwen35) or recurrent (mamba2)
 
 The clients mix streamed and non-streamed multi-turn chat (shared system prompts, short
-and long user turns, several tenants via prompt_cache_key), tools, response_format, legacy
+and long user turns, several tenants via cache_salt), tools, response_format, legacy
 completions, /v1/messages, /v1/responses, cancels mid-prefill and mid-stream, and bad
 inputs (bench_lib/soak_mix.py). Every request is classified by outcome; anything but 2xx,
 an expected 4xx, 429, 503 or one of our own cancels is a failure. The server's RSS, open
@@ -421,7 +421,7 @@ def run(args, command, server, model, make_cmd, cache_dir, serve_argv, load_star
         "budget_peaks": monitor.peaks, "budget_violations": monitor.violations,
         "disk_folder_bytes": disk_files,
         "end_metrics": {k: v for k, v in end_metrics.items()
-                        if not k.startswith("skippy_cache_restore_ms_bucket")},
+                        if not k.endswith("_bucket") and "_bucket{" not in k},
         "checks": checks,
         "passed": all(c["ok"] for c in checks),
         "series": monitor.series,

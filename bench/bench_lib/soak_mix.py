@@ -120,7 +120,7 @@ class Client(threading.Thread):
                                             "content": SYSTEM_PROMPTS[conv["system"]]}] +
                               messages, "max_tokens": self.rng.randint(8, 32)})
         if conv["tenant"]:
-            body["prompt_cache_key"] = conv["tenant"]
+            body["cache_salt"] = conv["tenant"]
         stream = self.rng.random() < 0.5
         res = self.post("/v1/chat/completions", body, stream)
         if not self.finish("chat", res, stream, check=lambda b: "content" in
@@ -139,7 +139,7 @@ class Client(threading.Thread):
             {"role": "user", "content": prose(self.rng, self.rng.randint(3, 30))}],
             "max_tokens": self.rng.randint(4, 24)})
         if self.rng.random() < 0.5:
-            body["prompt_cache_key"] = self.rng.choice(TENANTS[1:])
+            body["cache_salt"] = self.rng.choice(TENANTS[1:])
         stream = self.rng.random() < 0.5
         self.finish("chat_fresh", self.post("/v1/chat/completions", body, stream), stream,
                     check=lambda b: b["choices"][0]["finish_reason"] is not None)
@@ -170,7 +170,7 @@ class Client(threading.Thread):
         if self.rng.random() < 0.5:
             body["parallel_tool_calls"] = False
         if self.rng.random() < 0.5:
-            body["prompt_cache_key"] = self.rng.choice(TENANTS[1:])
+            body["cache_salt"] = self.rng.choice(TENANTS[1:])
         stream = self.rng.random() < 0.4
 
         def check(b):
@@ -235,7 +235,7 @@ class Client(threading.Thread):
                 "max_output_tokens": self.rng.randint(8, 32),
                 "temperature": self.rng.choice([0, 0.8])}
         if self.rng.random() < 0.5:
-            body["prompt_cache_key"] = self.rng.choice(TENANTS[1:])
+            body["cache_salt"] = self.rng.choice(TENANTS[1:])
         if self.rng.random() < 0.25:
             body["tools"] = [dict(t["function"], type="function") for t in TOOLS]
             body["tool_choice"] = "required"
@@ -263,7 +263,7 @@ class Client(threading.Thread):
                              {"role": "user", "content": prose(self.rng, 20)}],
                 "max_tokens": 200, "ignore_eos": True, "stream": True}
         if self.rng.random() < 0.5:
-            body["prompt_cache_key"] = self.rng.choice(TENANTS[1:])
+            body["cache_salt"] = self.rng.choice(TENANTS[1:])
         status, head, cancelled = sc.raw_exchange(
             self.port, sc.post_bytes("/v1/chat/completions", json.dumps(body).encode()),
             first_data=True, timeout=self.timeout)

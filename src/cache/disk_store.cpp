@@ -216,7 +216,11 @@ std::optional<DiskHit> DiskStore::acquire_locked(EntryId entry, size_t len) {
         return std::nullopt;
     }
     ++counters_.hits;
-    const Record& rec = records_.at(entry);
+    Record& rec = records_.at(entry);
+    ++rec.hits;
+    rec.last_hit_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
     DiskHit hit;
     hit.lease = Lease(this, entry);
     hit.page = rec.page;
@@ -345,6 +349,9 @@ DiskReadError DiskStore::read_entry(const Lease& lease,
             const bool transient =
                 io_err == EMFILE || io_err == ENFILE || io_err == ENOMEM || io_err == EAGAIN;
             if (!transient) {
+                if (auto info = index_.info(lease.entry()); info && !info->doomed) {
+                    ghosts_.add(info->ns, index_.tokens_of(lease.entry()), GhostCause::Quarantined);
+                }
                 hide_entry_locked(lease.entry());
                 ++counters_.quarantines;
                 counters_.quarantines += quarantine_block_locked(bad->key);
@@ -422,6 +429,7 @@ QuarantineStatus DiskStore::quarantine(const NamespaceId& ns, std::span<const To
     if (records_.at(*id).page != page) {
         return QuarantineStatus::PageMismatch;
     }
+    ghosts_.add(ns, tokens, GhostCause::Quarantined);
     ++counters_.quarantines;
     return hide_entry_locked(*id) ? QuarantineStatus::Removed : QuarantineStatus::Deferred;
 }
@@ -513,6 +521,9 @@ bool DiskStore::make_room_locked(uint64_t needed) {
             options_.max_entries != 0 && records_.size() > options_.max_entries;
         if (!over_bytes && !over_entries && !over_entries_now) {
             return true;
+        }
+        if (auto next = index_.lru_victim(ComponentKind::Exact)) {
+            ghosts_.add(next->ns, index_.tokens_of(next->entry), GhostCause::Evicted);
         }
         auto victim = index_.evict_lru(ComponentKind::Exact);
         if (!victim) {
@@ -633,6 +644,71 @@ std::optional<DiskStore::DebugFiles> DiskStore::debug_files(const NamespaceId& n
                            disk::block_file_name(b.key));
     }
     return f;
+}
+
+std::vector<DiskEntrySummary> DiskStore::list_entries(const NamespaceId* only) const {
+    std::lock_guard lock(mu_);
+    std::vector<DiskEntrySummary> out;
+    for (const EntryInfo& info : index_.entries(ComponentKind::Exact)) {
+        if (info.doomed || (only != nullptr && !(info.ns == *only))) {
+            continue;
+        }
+        auto it = records_.find(info.entry);
+        if (it == records_.end()) {
+            continue;
+        }
+        out.push_back(DiskEntrySummary{info.ns, it->second.page, info.token_count,
+                                       it->second.descriptor.payload_bytes, it->second.hits,
+                                       it->second.last_hit_unix_ms});
+    }
+    std::sort(out.begin(), out.end(), [](const DiskEntrySummary& a, const DiskEntrySummary& b) {
+        return a.tokens > b.tokens;
+    });
+    return out;
+}
+
+size_t DiskStore::remove_namespace(const NamespaceId& ns) {
+    std::lock_guard lock(mu_);
+    if (mode_ == DiskMode::ReadOnly) {
+        return 0;
+    }
+    std::vector<EntryId> ids;
+    for (const EntryInfo& info : index_.entries(ComponentKind::Exact)) {
+        if (!info.doomed && info.ns == ns) {
+            ids.push_back(info.entry);
+        }
+    }
+    for (EntryId id : ids) {
+        hide_entry_locked(id);
+        ++counters_.removals;
+    }
+    return ids.size();
+}
+
+std::optional<GhostMatch> DiskStore::forgotten_longest(const NamespaceId& ns,
+                                                       std::span<const Token> query,
+                                                       size_t min_len) const {
+    std::lock_guard lock(mu_);
+    return ghosts_.longest(ns, query, min_len);
+}
+
+size_t DiskStore::longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
+                                    size_t max_namespaces) const {
+    std::lock_guard lock(mu_);
+    size_t best = 0;
+    size_t visited = 0;
+    for (const NamespaceId& other : index_.namespaces()) {
+        if (other == ns) {
+            continue;
+        }
+        if (visited++ == max_namespaces) {
+            break;
+        }
+        if (auto m = index_.peek_exact(other, query, PrefixMatch::Common)) {
+            best = std::max(best, m->matched_len);
+        }
+    }
+    return best;
 }
 
 std::vector<DiskStore::DebugEntry> DiskStore::debug_entries() const {

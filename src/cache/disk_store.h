@@ -90,6 +90,7 @@
 #include "cache/namespace_id.h"
 #include "cache/page_id.h"
 #include "cache/payload_descriptor.h"
+#include "cache/prefix_ghosts.h"
 #include "cache/radix_index.h"
 #include "cache/token.h"
 
@@ -243,6 +244,16 @@ struct DiskStoreStats {
     std::string last_error;
 };
 
+// One entry as inspection shows it (GET /v1/cache): no token ids.
+struct DiskEntrySummary {
+    NamespaceId ns;
+    PageId page;
+    size_t tokens = 0;
+    uint64_t payload_bytes = 0;
+    uint64_t hits = 0;             // reads since start-up
+    int64_t last_hit_unix_ms = 0;  // 0: not read since start-up
+};
+
 class DiskStore final : public LeaseOwner {
   public:
     // Never throws for I/O problems (see DiskOpenResult).
@@ -311,6 +322,16 @@ class DiskStore final : public LeaseOwner {
 
     DiskStoreStats stats() const;
     DiskMode mode() const;
+
+    // Inspection (in memory, no I/O). Entries (of `only` when given), longest first.
+    std::vector<DiskEntrySummary> list_entries(const NamespaceId* only = nullptr) const;
+    // Removes every entry of the namespace (files deleted by the writer); how many.
+    size_t remove_namespace(const NamespaceId& ns);
+    // As ExactStateCache's: paths this tier evicted or quarantined, and other namespaces.
+    std::optional<GhostMatch> forgotten_longest(const NamespaceId& ns, std::span<const Token> query,
+                                                size_t min_len) const;
+    size_t longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
+                             size_t max_namespaces = 64) const;
     const std::string& dir() const { return options_.dir; }
 
     // Test hooks.
@@ -350,6 +371,8 @@ class DiskStore final : public LeaseOwner {
         PayloadDescriptor descriptor;
         std::vector<disk::BlockRef> blocks;
         uint64_t manifest_bytes = 0;
+        uint64_t hits = 0;
+        int64_t last_hit_unix_ms = 0;
     };
     struct BlockInfo {
         uint64_t size = 0;
@@ -421,7 +444,7 @@ class DiskStore final : public LeaseOwner {
     bool busy_ = false;             // the writer is running a job, a sweep or deletions
     bool foreground_busy_ = false;  // see set_foreground_busy()
     std::chrono::steady_clock::time_point foreground_idle_since_{};
-    int flushers_ = 0;              // flush() calls waiting: no deferral
+    int flushers_ = 0;  // flush() calls waiting: no deferral
     bool stopping_ = false;
     bool drain_ = true;
     bool writer_done_ = false;  // writer_loop returned (or never started)
@@ -434,6 +457,7 @@ class DiskStore final : public LeaseOwner {
     uint32_t failed_writes_in_a_row_ = 0;
     uint32_t reported_ = 0;  // Fault bits already logged
     DiskStoreStats counters_;
+    PrefixGhosts ghosts_;  // evicted / quarantined paths (fingerprints only)
     std::mutex close_mu_;
     std::thread writer_;
 };

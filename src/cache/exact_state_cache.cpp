@@ -1,8 +1,18 @@
 #include "cache/exact_state_cache.h"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 
 namespace skippy::cache {
+
+namespace {
+int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
 
 const char* to_string(Presence presence) {
     switch (presence) {
@@ -153,7 +163,8 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         free_record(placed.replaced->entry);
         result.status = ExactInsertStatus::Replaced;
     }
-    records_[placed.entry] = Record{page, descriptor, std::move(stored.payload)};
+    records_[placed.entry] =
+        Record{page, descriptor, std::move(stored.payload), 0, unix_ms_now(), 0};
 
     if (over_limits() && !fits_after_evicting_all(placed.entry)) {
         // Evicting everything evictable would not make room: keep the others.
@@ -164,6 +175,9 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         return result;
     }
     while (over_limits()) {
+        if (auto next = index_.lru_victim(ComponentKind::Exact, placed.entry)) {
+            ghosts_.add(next->ns, index_.tokens_of(next->entry), GhostCause::Evicted);
+        }
         auto victim = index_.evict_lru(ComponentKind::Exact, placed.entry);
         if (!victim) {
             break;
@@ -191,7 +205,9 @@ std::optional<ExactHit> ExactStateCache::acquire_locked(EntryId entry, size_t le
         return std::nullopt;
     }
     ++counters_.hits;
-    const Record& rec = records_.at(entry);
+    Record& rec = records_.at(entry);
+    ++rec.hits;
+    rec.last_hit_unix_ms = unix_ms_now();
     ExactHit hit;
     hit.lease = Lease(this, entry);
     hit.page = rec.page;
@@ -295,6 +311,9 @@ QuarantineStatus ExactStateCache::quarantine_locked(EntryId id, PageId page) {
     if (records_.at(id).page != page) {
         return QuarantineStatus::PageMismatch;
     }
+    if (auto info = index_.info(id)) {
+        ghosts_.add(info->ns, index_.tokens_of(id), GhostCause::Quarantined);
+    }
     RemoveResult r = index_.remove(id, LeasedRemoval::Defer);
     ++counters_.quarantined;
     if (r.status == RemoveStatus::Removed) {
@@ -354,6 +373,66 @@ std::optional<ExactStateStats> ExactStateCache::try_stats() const {
         return std::nullopt;
     }
     return stats_locked();
+}
+
+std::vector<ExactEntrySummary> ExactStateCache::list_entries(const NamespaceId* only) const {
+    std::lock_guard lock(mu_);
+    std::vector<ExactEntrySummary> out;
+    for (const EntryInfo& info : index_.entries(ComponentKind::Exact)) {
+        if (info.doomed || (only != nullptr && !(info.ns == *only))) {
+            continue;
+        }
+        auto it = records_.find(info.entry);
+        if (it == records_.end()) {
+            continue;
+        }
+        const Record& rec = it->second;
+        out.push_back(ExactEntrySummary{info.ns, rec.page, info.token_count, rec.payload.size,
+                                        rec.hits, rec.stored_unix_ms, rec.last_hit_unix_ms,
+                                        info.leases > 0});
+    }
+    std::sort(out.begin(), out.end(), [](const ExactEntrySummary& a, const ExactEntrySummary& b) {
+        return a.tokens > b.tokens;
+    });
+    return out;
+}
+
+size_t ExactStateCache::remove_namespace(const NamespaceId& ns) {
+    std::lock_guard lock(mu_);
+    RemoveIfResult r = index_.remove_if(
+        ComponentKind::Exact, [&](const EntryInfo& info) { return info.ns == ns; },
+        LeasedRemoval::Defer);
+    for (const RemovedEntry& e : r.removed) {
+        free_record(e.entry);
+    }
+    hidden_entries_ += r.deferred;
+    return r.removed.size() + r.deferred;
+}
+
+std::optional<GhostMatch> ExactStateCache::forgotten_longest(const NamespaceId& ns,
+                                                             std::span<const Token> query,
+                                                             size_t min_len) const {
+    std::lock_guard lock(mu_);
+    return ghosts_.longest(ns, query, min_len);
+}
+
+size_t ExactStateCache::longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
+                                          size_t max_namespaces) const {
+    std::lock_guard lock(mu_);
+    size_t best = 0;
+    size_t visited = 0;
+    for (const NamespaceId& other : index_.namespaces()) {
+        if (other == ns) {
+            continue;
+        }
+        if (visited++ == max_namespaces) {
+            break;
+        }
+        if (auto m = index_.peek_exact(other, query, PrefixMatch::Common)) {
+            best = std::max(best, m->matched_len);
+        }
+    }
+    return best;
 }
 
 bool ExactStateCache::debug_corrupt(const NamespaceId& ns, std::span<const Token> tokens,

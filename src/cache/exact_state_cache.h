@@ -46,6 +46,7 @@
 #include "cache/namespace_id.h"
 #include "cache/page_id.h"
 #include "cache/payload_descriptor.h"
+#include "cache/prefix_ghosts.h"
 #include "cache/radix_index.h"
 #include "cache/token.h"
 
@@ -133,6 +134,18 @@ struct ExactStateStats {
     uint64_t rejected = 0;  // inserts that stored nothing (except AlreadyPresent)
 };
 
+// One entry as inspection shows it (GET /v1/cache): no token ids.
+struct ExactEntrySummary {
+    NamespaceId ns;
+    PageId page;
+    size_t tokens = 0;
+    uint64_t payload_bytes = 0;
+    uint64_t hits = 0;             // restores served from it
+    int64_t stored_unix_ms = 0;    // when it was inserted
+    int64_t last_hit_unix_ms = 0;  // 0: never
+    bool leased = false;
+};
+
 class ExactStateCache final : public LeaseOwner {
   public:
     explicit ExactStateCache(ExactStateCacheOptions options = {});
@@ -173,6 +186,21 @@ class ExactStateCache final : public LeaseOwner {
 
     ExactStateStats stats() const;
     std::optional<ExactStateStats> try_stats() const;
+
+    // Inspection. Entries (of `only` when given), longest first.
+    std::vector<ExactEntrySummary> list_entries(const NamespaceId* only = nullptr) const;
+    // Removes every entry of the namespace (leased ones hidden now, freed at their last
+    // release); returns how many.
+    size_t remove_namespace(const NamespaceId& ns);
+    // The longest prefix of `query` (>= min_len tokens) that an entry this cache evicted or
+    // quarantined covered (PrefixGhosts): why a lookup found nothing.
+    std::optional<GhostMatch> forgotten_longest(const NamespaceId& ns, std::span<const Token> query,
+                                                size_t min_len) const;
+    // The longest common prefix of `query` with an entry of any namespace other than `ns`
+    // (at most `max_namespaces` visited): a miss whose prefix another tenant holds. Only the
+    // length leaves the cache.
+    size_t longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
+                             size_t max_namespaces = 64) const;
     const ExactStateLimits& limits() const { return options_.limits; }
 
     // Test hooks.
@@ -190,6 +218,9 @@ class ExactStateCache final : public LeaseOwner {
         PageId page;
         PayloadDescriptor descriptor;
         StoredPayload payload;
+        uint64_t hits = 0;
+        int64_t stored_unix_ms = 0;
+        int64_t last_hit_unix_ms = 0;
     };
 
     bool over_limits() const;
@@ -211,6 +242,7 @@ class ExactStateCache final : public LeaseOwner {
     std::unordered_map<EntryId, Record> records_;
     size_t hidden_entries_ = 0;  // quarantined while leased
     ExactStateStats counters_;
+    PrefixGhosts ghosts_;  // evicted / quarantined paths (fingerprints only)
 };
 
 }  // namespace skippy::cache

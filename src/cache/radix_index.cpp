@@ -661,6 +661,15 @@ std::vector<EntryInfo> RadixIndex::entries(ComponentKind kind) const {
     return out;
 }
 
+std::vector<NamespaceId> RadixIndex::namespaces() const {
+    std::vector<NamespaceId> out;
+    out.reserve(trees_.size());
+    for (const auto& [ns, tree] : trees_) {
+        out.push_back(ns);
+    }
+    return out;
+}
+
 size_t RadixIndex::size(ComponentKind kind) const { return count_[kind_index(kind)]; }
 
 size_t RadixIndex::leased_count(ComponentKind kind) const {

@@ -181,6 +181,8 @@ class RadixIndex final : public LeaseOwner {
     size_t leased_count(ComponentKind kind) const;
     size_t size() const { return size(ComponentKind::Resident) + size(ComponentKind::Exact); }
     size_t namespace_count() const { return trees_.size(); }
+    // The namespaces that have (or had) a tree, in no particular order.
+    std::vector<NamespaceId> namespaces() const;
     size_t node_count() const;
     // Tokens on all stored paths, each shared prefix counted once (sum of edge lengths).
     size_t distinct_token_count() const;

@@ -2,12 +2,14 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <stdexcept>
 
+#include "ggml-backend.h"
 #include "llama.h"
 
 namespace skippy::runtime {
@@ -61,6 +63,51 @@ std::string digest_file(const std::string& path) {
     return std::string("xxh3-128:") + hex;
 }
 
+// The device list for llama_model_params::devices (null-terminated): {nullptr} = none (CPU
+// only), empty = llama.cpp's default choice. With a row split and no device named, the
+// default choice is spelled out (the rpc-servers' devices, then the GPUs), so that the split
+// by free memory can be named.
+std::vector<ggml_backend_dev_t> load_devices(const ModelLoadOptions& options) {
+    const bool none = options.devices.size() == 1 && options.devices[0] == "none";
+    if (options.n_gpu_layers == 0 || none) {
+        return {nullptr};
+    }
+    std::vector<ggml_backend_dev_t> out;
+    if (!options.devices.empty()) {
+        for (const auto& name : options.devices) {
+            ggml_backend_dev_t dev = ggml_backend_dev_by_name(name.c_str());
+            if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+                std::string known;
+                for (const auto& d : available_devices()) {
+                    known += (known.empty() ? "" : ", ") + d.label();
+                }
+                throw std::runtime_error("--device: no device '" + name + "' (available: " +
+                                         (known.empty() ? std::string("none") : known) + ")");
+            }
+            out.push_back(dev);
+        }
+    } else if (options.split_mode == SplitMode::Row && options.tensor_split.empty()) {
+        std::vector<ggml_backend_dev_t> gpus;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_GPU) {
+                continue;
+            }
+            ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+            const bool rpc = reg != nullptr && std::string(ggml_backend_reg_name(reg)) == "RPC";
+            (rpc ? out : gpus).push_back(dev);
+        }
+        out.insert(out.end(), gpus.begin(), gpus.end());
+        if (out.empty()) {
+            return {};
+        }
+    } else {
+        return {};
+    }
+    out.push_back(nullptr);
+    return out;
+}
+
 }  // namespace
 
 void ensure_backend_initialized() {
@@ -79,14 +126,38 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptio
     model->path_ = path;
     model->weights_digest_ = digest_file(path);
     llama_model_params params = llama_model_default_params();
-    params.n_gpu_layers = options.n_gpu_layers;
+    std::vector<ggml_backend_dev_t> devices = load_devices(options);
+    params.devices = devices.empty() ? nullptr : devices.data();
+    params.n_gpu_layers = options.n_gpu_layers < 0 ? -1 : options.n_gpu_layers;  // -1: all
+    params.split_mode = options.split_mode == SplitMode::None  ? LLAMA_SPLIT_MODE_NONE
+                        : options.split_mode == SplitMode::Row ? LLAMA_SPLIT_MODE_ROW
+                                                               : LLAMA_SPLIT_MODE_LAYER;
+    params.main_gpu = options.main_gpu;
+    std::vector<float> split = options.tensor_split;
+    if (split.empty() && options.split_mode == SplitMode::Row && devices.size() > 1) {
+        // llama.cpp would split rows by the devices' free memory at this moment; name the
+        // proportions, so that the identity records what the rows were split by.
+        for (size_t i = 0; i + 1 < devices.size(); ++i) {
+            size_t free = 0;
+            size_t total = 0;
+            ggml_backend_dev_memory(devices[i], &free, &total);
+            split.push_back(static_cast<float>(free));
+        }
+    }
+    std::vector<float> split_arg(llama_max_devices(), 0.0f);
+    std::copy_n(split.begin(), std::min(split.size(), split_arg.size()), split_arg.begin());
+    params.tensor_split = split_arg.data();
     if (!options.use_mmap) {
         params.load_mode = LLAMA_LOAD_MODE_NONE;
     }
     model->model_ = llama_model_load_from_file(path.c_str(), params);
     if (model->model_ == nullptr) {
-        throw std::runtime_error("failed to load GGUF model: " + path);
+        throw std::runtime_error("failed to load GGUF model: " + path +
+                                 (devices.size() == 1 ? std::string()
+                                                      : " (on its devices: set SKIPPY_LLAMA_LOG=1 "
+                                                        "for llama.cpp's reason)"));
     }
+    model->placement_ = read_placement(model->model_, options.split_mode, split, options.main_gpu);
     model->vocab_ = llama_model_get_vocab(model->model_);
     model->arch_ = model->metadata("general.architecture");
     model->name_ = model->metadata("general.name");

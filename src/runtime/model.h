@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/devices.h"
+
 struct llama_model;
 struct llama_vocab;
 
@@ -29,8 +31,19 @@ enum class ModelKind {
 };
 std::string_view model_kind_name(ModelKind kind);
 
+// Where the layers go (devices.h). The defaults keep everything on the CPU, with no device
+// in the context at all (llama.cpp would otherwise still offload large batches' matrix
+// products of CPU layers to a GPU).
 struct ModelLoadOptions {
+    // Layers on the devices, counted from the output down (llama.cpp's -ngl): 0 = CPU only,
+    // kGpuLayersAuto / kGpuLayersAll = every layer and the output.
     int32_t n_gpu_layers = 0;
+    // Device names (ggml_backend_dev_name: "CUDA0", "RPC0", ...); empty = llama.cpp's choice
+    // (every rpc-server's devices, then the GPUs); {"none"} = no device.
+    std::vector<std::string> devices;
+    std::vector<float> tensor_split;  // proportions per device; empty = by free memory
+    int32_t main_gpu = 0;
+    SplitMode split_mode = SplitMode::Layer;
     bool use_mmap = true;
 };
 
@@ -71,6 +84,9 @@ class Model {
     std::string metadata(const std::string& key) const;  // "" when absent
     uint64_t n_params() const;
     uint64_t size_bytes() const;
+    // Where the weights (and so each layer's KV and recurrent state, and its computation)
+    // live, read from the loaded model.
+    const DevicePlacement& placement() const { return placement_; }
 
     llama_model* raw() const { return model_; }
     const llama_vocab* vocab() const { return vocab_; }
@@ -84,6 +100,7 @@ class Model {
     std::string name_;
     std::string path_;
     std::string weights_digest_;
+    DevicePlacement placement_;
 };
 
 // Initializes the llama.cpp backend once per process and routes its logging

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <ctime>
-#include <sstream>
 #include <stdexcept>
 
 #include "nlohmann/json.hpp"
@@ -28,22 +27,6 @@ std::string utf8_prefix(const std::string& text, size_t limit) {
         --end;
     }
     return text.substr(0, end);
-}
-
-// A Prometheus label value: backslash, quote and newline escaped.
-std::string label_value(const std::string& text) {
-    std::string out;
-    for (char c : text) {
-        if (c == '\\' || c == '"') {
-            out += '\\';
-            out += c;
-        } else if (c == '\n') {
-            out += "\\n";
-        } else {
-            out += c;
-        }
-    }
-    return out;
 }
 
 // A logfmt value: bare when it is plain, else quoted with escapes.
@@ -234,14 +217,17 @@ void AccessLog::finish(AccessRecord& record) {
             count(dropped_tools_, tool);
         }
     }
-    if (!options_.enabled) {
-        return;
-    }
     const double total_ms = record.start == std::chrono::steady_clock::time_point{}
                                 ? 0.0
                                 : std::chrono::duration<double, std::milli>(
                                       std::chrono::steady_clock::now() - record.start)
                                       .count();
+    if (observer_) {
+        observer_(record, total_ms);
+    }
+    if (!options_.enabled) {
+        return;
+    }
     const std::string line = options_.format == LogFormat::Json ? json_line(record, total_ms)
                                                                 : text_line(record, total_ms);
     std::lock_guard<std::mutex> lock(write_mutex_);
@@ -280,6 +266,12 @@ std::string AccessLog::text_line(const AccessRecord& r, double total_ms) const {
         add("cache", s.cache_decision);
         add("cache_tier", s.cache_tier);
         add("miss_reason", s.miss_reason);
+        if (!s.miss_tier.empty() && s.miss_tier != "none") {
+            add("miss_tier", s.miss_tier);
+        }
+        if (s.diverged_at >= 0) {
+            add("diverged_at", std::to_string(s.diverged_at));
+        }
         add("queue_ms", fixed(s.queue_ms));
         add("restore_ms", fixed(s.restore_ms));
         add("ttft_ms", fixed(s.time_to_first_token_ms));
@@ -322,6 +314,12 @@ std::string AccessLog::json_line(const AccessRecord& r, double total_ms) const {
         if (!s.miss_reason.empty()) {
             line["miss_reason"] = s.miss_reason;
         }
+        if (!s.miss_tier.empty() && s.miss_tier != "none") {
+            line["miss_tier"] = s.miss_tier;
+        }
+        if (s.diverged_at >= 0) {
+            line["diverged_at"] = s.diverged_at;
+        }
         line["queue_ms"] = s.queue_ms;
         line["restore_ms"] = s.restore_ms;
         line["ttft_ms"] = s.time_to_first_token_ms;
@@ -360,7 +358,8 @@ std::string AccessLog::header_value(const std::vector<std::string>& names) {
     return out;
 }
 
-std::string AccessLog::metrics_text(const ConnectionStats& connections) const {
+void AccessLog::write_metrics(metrics::MetricsWriter& out,
+                              const ConnectionStats& connections) const {
     std::map<std::pair<int, std::string>, uint64_t> rejected;
     Counts ignored;
     Counts dropped;
@@ -381,18 +380,17 @@ std::string AccessLog::metrics_text(const ConnectionStats& connections) const {
             rejected[key] += n;
         }
     }
-    std::ostringstream out;
-    out << "# HELP skippy_http_responses_rejected_total Responses with an error status, by "
-           "status and error code.\n"
-           "# TYPE skippy_http_responses_rejected_total counter\n";
+    using Type = metrics::MetricsWriter::Type;
+    const char* rejected_help = "Responses with an error status, by status and error code.";
+    out.declare("skippy_http_responses_rejected_total", rejected_help, Type::Counter);
     for (const auto& [key, n] : rejected) {
-        out << "skippy_http_responses_rejected_total{status=\"" << key.first << "\",code=\""
-            << label_value(key.second) << "\"} " << n << '\n';
+        out.counter("skippy_http_responses_rejected_total", rejected_help, static_cast<double>(n),
+                    {{"status", std::to_string(key.first)}, {"code", key.second}});
     }
     auto family = [&](const char* name, const char* label, const char* help, const Counts& counts) {
-        out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n";
+        out.declare(name, help, Type::Counter);
         for (const auto& [value, n] : counts) {
-            out << name << '{' << label << "=\"" << label_value(value) << "\"} " << n << '\n';
+            out.counter(name, help, static_cast<double>(n), {{label, value}});
         }
     };
     family("skippy_request_ignored_fields_total", "field",
@@ -403,7 +401,6 @@ std::string AccessLog::metrics_text(const ConnectionStats& connections) const {
            "Tools left out of the prompt because the server cannot run them, by type (at most "
            "64 types, then other).",
            dropped);
-    return out.str();
 }
 
 }  // namespace skippy::server

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@
 #include "cpp-httplib/httplib.h"
 #include "server/connection_server.h"
 #include "server/generation_stream.h"
+#include "server/metrics_writer.h"
 #include "server/openai_request.h"
 
 namespace skippy::server {
@@ -85,7 +87,13 @@ class AccessLog {
     // skippy_http_responses_rejected_total{status,code} (with the connection layer's own
     // refusals from `connections`), skippy_request_ignored_fields_total{field},
     // skippy_request_dropped_tools_total{type}.
-    std::string metrics_text(const ConnectionStats& connections) const;
+    void write_metrics(metrics::MetricsWriter& out, const ConnectionStats& connections) const;
+
+    // Called with every finished record (before its line is written; the request ledger).
+    // Set once, before serving.
+    void set_observer(std::function<void(const AccessRecord&, double total_ms)> observer) {
+        observer_ = std::move(observer);
+    }
 
     // The value of an x-skippy-ignored-fields / x-skippy-dropped-tools header: the names,
     // printable ASCII only, comma-separated ("" for none).
@@ -102,6 +110,7 @@ class AccessLog {
     std::string json_line(const AccessRecord& record, double total_ms) const;
 
     AccessLogOptions options_;
+    std::function<void(const AccessRecord&, double)> observer_;
     mutable std::mutex counts_mutex_;
     std::map<std::pair<int, std::string>, uint64_t> rejected_;  // (status, code)
     Counts ignored_fields_;

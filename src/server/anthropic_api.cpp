@@ -630,7 +630,8 @@ class AnthropicResponse final : public ApiResponse {
                          {"content", content},
                          {"stop_reason", stop_reason(stats_, final_)},
                          {"stop_sequence", ojson::parse(stop_sequence(stats_).dump())},
-                         {"usage", ojson::parse(usage(stats_).dump())}};
+                         {"usage", ojson::parse(usage(stats_).dump())},
+                         {"skippy", ojson::parse(skippy_json(stats_, parsed_->parse_ms).dump())}};
             if (!applied_edits_.is_null()) {
                 out["context_management"] =
                     ojson{{"applied_edits", ojson::parse(applied_edits_.dump())}};
@@ -641,7 +642,8 @@ class AnthropicResponse final : public ApiResponse {
                       {"delta",
                        {{"stop_reason", stop_reason(stats_, final_)},
                         {"stop_sequence", stop_sequence(stats_)}}},
-                      {"usage", usage(stats_)}};
+                      {"usage", usage(stats_)},
+                      {"skippy", skippy_json(stats_, parsed_->parse_ms)}};
         if (!applied_edits_.is_null()) {
             delta["context_management"] = json{{"applied_edits", applied_edits_}};
         }

@@ -6,37 +6,21 @@
 #include <stdexcept>
 
 #include "cache/sha256.h"
+#include "server/http_framing.h"
 
 namespace skippy::server {
 
 namespace {
 
-std::string ascii_lower(std::string text) {
-    for (char& c : text) {
-        if (c >= 'A' && c <= 'Z') {
-            c = static_cast<char>(c - 'A' + 'a');
-        }
-    }
-    return text;
-}
-
-std::string trim(const std::string& text) {
-    const size_t begin = text.find_first_not_of(" \t\r");
-    if (begin == std::string::npos) {
-        return "";
-    }
-    return text.substr(begin, text.find_last_not_of(" \t\r") - begin + 1);
-}
-
 // The token of an "Authorization: Bearer TOKEN" header (the scheme is case-insensitive);
 // empty when the header is missing or uses another scheme.
 std::string bearer_token(const std::string& header) {
-    const std::string value = trim(header);
+    const std::string_view value = trim(header);
     const size_t space = value.find(' ');
-    if (space == std::string::npos || ascii_lower(value.substr(0, space)) != "bearer") {
+    if (space == std::string_view::npos || !iequals(value.substr(0, space), "bearer")) {
         return "";
     }
-    return trim(value.substr(space + 1));
+    return std::string(trim(value.substr(space + 1)));
 }
 
 }  // namespace
@@ -60,7 +44,7 @@ std::vector<std::string> read_api_key_file(const std::string& path) {
     std::vector<std::string> keys;
     std::string line;
     while (std::getline(in, line)) {
-        line = trim(line);
+        line = std::string(trim(line));
         if (!line.empty() && line[0] != '#') {
             keys.push_back(line);
         }
@@ -70,7 +54,7 @@ std::vector<std::string> read_api_key_file(const std::string& path) {
 
 ApiKeys::ApiKeys(std::vector<std::string> keys) {
     for (auto& key : keys) {
-        key = trim(key);
+        key = std::string(trim(key));
         if (!key.empty() && std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
             keys_.push_back(key);
         }
@@ -84,7 +68,7 @@ ApiKeys::ApiKeys(std::vector<std::string> keys) {
 
 int ApiKeys::match(const httplib::Request& req) const {
     const std::string bearer = bearer_token(req.get_header_value("Authorization"));
-    const std::string header = trim(req.get_header_value("x-api-key"));
+    const std::string header(trim(req.get_header_value("x-api-key")));
     int found = -1;
     for (size_t i = 0; i < keys_.size(); ++i) {
         const bool by_bearer = !bearer.empty() && secrets_equal(bearer, keys_[i]);

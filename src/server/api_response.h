@@ -34,6 +34,13 @@ class ApiResponse {
     // Output of choice `choice`. Streaming: SSE text to send now (may be ""); otherwise the
     // output is kept and "" is returned.
     virtual std::string on_delta(size_t choice, const StreamEvent& delta) = 0;
+    // Prompt processing progress of choice `choice` (streamed requests that asked for it):
+    // SSE text to send now ("" if the format has no such event).
+    virtual std::string on_progress(size_t choice, const StreamEvent& progress) {
+        (void)choice;
+        (void)progress;
+        return "";
+    }
     // Choice `choice` finished. Streaming: SSE text to send now.
     virtual std::string on_done(size_t choice, const GenerationStats& stats) = 0;
     // Every choice finished. Streaming: the closing events; otherwise the JSON body.
@@ -53,7 +60,10 @@ std::string sse_data(const nlohmann::json& payload);  // "data: {...}\n\n"
 std::string sse_event(const std::string& event, const nlohmann::json& payload);
 
 nlohmann::json usage_json(const GenerationStats& stats);
+// skippy's extension object next to `usage` (every API): the cache decision, tier, miss
+// reason (client_miss_reason), diverged_at and timings.
 nlohmann::json skippy_json(const GenerationStats& stats, double parse_ms);
+std::string client_miss_reason(const std::string& reason);
 std::string random_id(const char* prefix);
 
 // OpenAI chat completions / completions in their formats (tool calls, logprobs, n choices).

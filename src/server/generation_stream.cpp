@@ -8,7 +8,7 @@ void GenerationStream::push(StreamEvent event) {
         if (closed_) {
             return;
         }
-        if (event.kind != StreamEvent::Kind::Delta) {
+        if (event.kind == StreamEvent::Kind::Done || event.kind == StreamEvent::Kind::Error) {
             closed_ = true;
         }
         events_.push_back(std::move(event));
@@ -21,6 +21,13 @@ void GenerationStream::push_delta(std::string text, std::vector<runtime::Token> 
     event.kind = StreamEvent::Kind::Delta;
     event.text = std::move(text);
     event.tokens = std::move(tokens);
+    push(std::move(event));
+}
+
+void GenerationStream::push_progress(const PromptProgress& progress) {
+    StreamEvent event;
+    event.kind = StreamEvent::Kind::Progress;
+    event.progress = progress;
     push(std::move(event));
 }
 

@@ -25,16 +25,30 @@ struct GenerationStats {
     std::string stop_sequence;      // the stop string that ended the reply ("" for none)
     std::string cache_decision;     // exact_hit / resident_hit / miss / off ...
     std::string cache_tier;         // where a hit came from: lane / ram / disk ("none": no hit)
-    std::string miss_reason;        // no hit: why (never_seen, below_min_tokens, cache_off ...)
+    std::string miss_reason;        // no hit: why (never_seen, evicted, below_min_tokens, ...)
+    std::string miss_tier;          // evicted / quarantined: the tier that lost it ("none")
+    int32_t diverged_at = -1;       // prompt tokens before the first difference with the
+                                    // nearest cached prefix of the tenant (-1: no lookup)
     double queue_ms = 0;
     double restore_ms = 0;  // choosing and restoring the cached prefix (the stage's plan)
     double time_to_first_token_ms = 0;
     double total_ms = 0;
 };
 
+// Prompt processing progress (llama-server's `prompt_progress`): prompt tokens in all,
+// restored from the cache, in the lane so far (restored + prefilled), and the time since
+// the request got its lane.
+struct PromptProgress {
+    int32_t total = 0;
+    int32_t cache = 0;
+    int32_t processed = 0;
+    int64_t time_ms = 0;
+};
+
 struct StreamEvent {
-    enum class Kind { Delta, Done, Error };
+    enum class Kind { Delta, Done, Error, Progress };
     Kind kind = Kind::Delta;
+    PromptProgress progress;             // Progress
     std::string text;                    // Delta: new text; Done: the whole reply
     std::vector<runtime::Token> tokens;  // Delta: tokens that produced it
     GenerationStats stats;               // Done
@@ -47,6 +61,7 @@ class GenerationStream {
   public:
     // ---- producer side (scheduler thread) ----
     void push_delta(std::string text, std::vector<runtime::Token> tokens);
+    void push_progress(const PromptProgress& progress);
     void finish(const GenerationStats& stats, std::string reply = {});
     void fail(int http_status, std::string type, std::string message);
 

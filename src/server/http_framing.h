@@ -14,6 +14,11 @@
 
 namespace skippy::server {
 
+// ASCII case-insensitive equality (header names, tokens, schemes).
+bool iequals(std::string_view a, std::string_view b);
+// `s` without leading and trailing spaces, tabs and carriage returns (header values).
+std::string_view trim(std::string_view s);
+
 struct HeadLimits {
     size_t max_bytes = 32 * 1024;  // request line + headers + the empty line
     size_t max_count = 100;        // header fields (cpp-httplib's own limit)

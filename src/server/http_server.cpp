@@ -1,18 +1,23 @@
 #include "server/http_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <deque>
-#include <sstream>
 
 #include "cpp-httplib/httplib.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/api_response.h"
 #include "server/background_work.h"
+#include "server/cache_endpoints.h"
 #include "server/connection_server.h"
+#include "server/dashboard.h"
+#include "server/http_framing.h"
 #include "server/json_fields.h"
+#include "server/metrics_writer.h"
+#include "server/request_ledger.h"
 #include "server/responses_api.h"
 #include "server/text_output.h"
 #include "server/token_endpoints.h"
@@ -39,26 +44,10 @@ void send_error(httplib::Response& res, const ApiError& e) {
     send_error(res, e.status, e.type, e.what(), e.param, e.code);
 }
 
-std::string ascii_lower(std::string text) {
-    for (char& c : text) {
-        if (c >= 'A' && c <= 'Z') {
-            c = static_cast<char>(c - 'A' + 'a');
-        }
-    }
-    return text;
-}
-
-std::string trim(const std::string& text) {
-    const size_t begin = text.find_first_not_of(" \t");
-    if (begin == std::string::npos) {
-        return "";
-    }
-    return text.substr(begin, text.find_last_not_of(" \t") - begin + 1);
-}
-
 // "application/json", with any parameters ("; charset=utf-8") and in any letter case.
 bool is_json_media_type(const std::string& content_type) {
-    return ascii_lower(trim(content_type.substr(0, content_type.find(';')))) == "application/json";
+    return iequals(trim(std::string_view(content_type).substr(0, content_type.find(';'))),
+                   "application/json");
 }
 
 ConnectionLimits connection_limits(const HttpServerOptions& o, const Scheduler& scheduler) {
@@ -91,6 +80,9 @@ struct HttpServer::Impl {
     std::function<std::string()> extra_metrics;
     ApiKeys keys;
     AccessLog access_log;
+    RequestLedger ledger;
+    std::atomic<bool> stopping{false};
+    CacheEndpoints cache_endpoints;
     ConnectionServer server;
     BackgroundWork background;
     std::time_t started = std::time(nullptr);
@@ -104,12 +96,18 @@ struct HttpServer::Impl {
           extra_metrics(std::move(m)),
           keys(options.api_keys),
           access_log(options.access_log),
+          cache_endpoints(scheduler, keys, ledger, model_id, stopping),
           server(connection_limits(options, scheduler)) {}
 
     void setup();
-    // Whether the request must carry a configured API key and does not (/health is open).
+    // Paths open without a key: /health, and the dashboard page (it holds no data; it
+    // asks for the key and sends it with its requests).
+    static bool open_path(const httplib::Request& req) {
+        return req.path == "/health" || req.path == "/dashboard";
+    }
+    // Whether the request must carry a configured API key and does not.
     bool unauthorized(const httplib::Request& req) const {
-        return keys.enabled() && req.path != "/health" && keys.match(req) < 0;
+        return keys.enabled() && !open_path(req) && keys.match(req) < 0;
     }
     // A generation request's body as a ParsedRequest: `translate` (a dialect: Messages,
     // Responses) turns the JSON body into a chat completions body and notes what it accepted
@@ -166,7 +164,7 @@ void HttpServer::Impl::setup() {
         AccessRecord& record = AccessLog::record(res);
         record.api_key = keys.match(req);
         record.tenant = keys.log_name(record.api_key);
-        if (keys.enabled() && req.path != "/health" && record.api_key < 0) {
+        if (keys.enabled() && !open_path(req) && record.api_key < 0) {
             res.set_header("WWW-Authenticate", "Bearer");
             record.error_code = "invalid_api_key";
             if (req.path.rfind("/v1/messages", 0) == 0) {
@@ -202,6 +200,10 @@ void HttpServer::Impl::setup() {
     server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
         access_log.response_ready(req, res);
     });
+    access_log.set_observer(
+        [this](const AccessRecord& record, double total_ms) { ledger.add(record, total_ms); });
+    cache_endpoints.install(server);
+    install_dashboard(server);
     // Any error produced by httplib itself (404, 413, 400 ...) gets an OpenAI error body.
     server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) {
@@ -314,51 +316,48 @@ void HttpServer::Impl::setup() {
 
 std::string HttpServer::Impl::metrics_text() const {
     const auto s = scheduler.stats();
-    std::ostringstream out;
-    auto metric = [&](const char* name, const char* type, const char* help, auto value) {
-        out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
-            << name << ' ' << value << '\n';
-    };
-    metric("skippy_lanes", "gauge", "Request lanes.", s.lanes);
-    metric("skippy_lanes_busy", "gauge", "Lanes serving a request.", s.lanes_busy);
-    metric("skippy_requests_queued", "gauge", "Requests waiting for a lane.", s.queued);
-    metric("skippy_turn_ends_deferred", "gauge",
-           "Lanes whose end of turn waits for the server to be idle.", s.turn_ends_deferred);
-    metric("skippy_requests_completed_total", "counter", "Completed requests.",
-           s.requests_completed);
-    metric("skippy_requests_cancelled_total", "counter", "Requests cancelled by the client.",
-           s.requests_cancelled);
-    metric("skippy_requests_failed_total", "counter", "Requests that failed.", s.requests_failed);
-    metric("skippy_requests_rejected_total", "counter", "Requests refused at admission.",
-           s.requests_rejected);
-    metric("skippy_prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
-           s.prompt_tokens);
-    metric("skippy_cached_tokens_total", "counter", "Prompt tokens restored from the cache.",
-           s.cached_tokens);
-    metric("skippy_completion_tokens_total", "counter", "Generated tokens.", s.completion_tokens);
-    metric("skippy_decode_calls_total", "counter", "llama_decode batches.", s.decode_calls);
+    metrics::MetricsWriter out;
+    auto d = [](auto v) { return static_cast<double>(v); };
+    out.gauge("skippy_lanes", "Request lanes.", d(s.lanes));
+    out.gauge("skippy_lanes_busy", "Lanes serving a request.", d(s.lanes_busy));
+    out.gauge("skippy_requests_queued", "Requests waiting for a lane.", d(s.queued));
+    out.gauge("skippy_turn_ends_deferred",
+              "Lanes whose end of turn waits for the server to be idle.", d(s.turn_ends_deferred));
+    out.counter("skippy_requests_completed_total", "Completed requests.", d(s.requests_completed));
+    out.counter("skippy_requests_cancelled_total", "Requests cancelled by the client.",
+                d(s.requests_cancelled));
+    out.counter("skippy_requests_failed_total", "Requests that failed.", d(s.requests_failed));
+    out.counter("skippy_requests_rejected_total", "Requests refused at admission.",
+                d(s.requests_rejected));
+    out.counter("skippy_prompt_tokens_total", "Prompt tokens of completed requests.",
+                d(s.prompt_tokens));
+    out.counter("skippy_cached_tokens_total", "Prompt tokens restored from the cache.",
+                d(s.cached_tokens));
+    out.counter("skippy_completion_tokens_total", "Generated tokens.", d(s.completion_tokens));
+    out.counter("skippy_decode_calls_total", "llama_decode batches.", d(s.decode_calls));
     const ConnectionStats c = server.stats();
-    metric("skippy_http_connections_open", "gauge", "Open HTTP connections.", c.open);
-    metric("skippy_http_connections_max", "gauge",
-           "Connection cap in effect (bounded by the open-file limit).",
-           server.limits().max_connections);
-    metric("skippy_http_connections_accepted_total", "counter", "Accepted HTTP connections.",
-           c.accepted);
-    metric("skippy_http_connections_rejected_total", "counter",
-           "Connections refused over the connection cap (503).", c.rejected);
-    metric("skippy_http_header_timeouts_total", "counter",
-           "Requests whose head did not arrive in time (408).", c.header_timeouts);
-    metric("skippy_http_body_timeouts_total", "counter",
-           "Requests whose body did not arrive in time (408).", c.body_timeouts);
-    metric("skippy_http_oversize_headers_total", "counter",
-           "Requests refused for their header size or count (431).", c.oversize_headers);
-    metric("skippy_http_requests_total", "counter", "HTTP requests handed to handlers.",
-           c.requests);
-    out << access_log.metrics_text(c);
+    out.gauge("skippy_http_connections_open", "Open HTTP connections.", d(c.open));
+    out.gauge("skippy_http_connections_max",
+              "Connection cap in effect (bounded by the open-file limit).",
+              d(server.limits().max_connections));
+    out.counter("skippy_http_connections_accepted_total", "Accepted HTTP connections.",
+                d(c.accepted));
+    out.counter("skippy_http_connections_rejected_total",
+                "Connections refused over the connection cap (503).", d(c.rejected));
+    out.counter("skippy_http_header_timeouts_total",
+                "Requests whose head did not arrive in time (408).", d(c.header_timeouts));
+    out.counter("skippy_http_body_timeouts_total",
+                "Requests whose body did not arrive in time (408).", d(c.body_timeouts));
+    out.counter("skippy_http_oversize_headers_total",
+                "Requests refused for their header size or count (431).", d(c.oversize_headers));
+    out.counter("skippy_http_requests_total", "HTTP requests handed to handlers.", d(c.requests));
+    access_log.write_metrics(out, c);
+    ledger.write_metrics(out);
+    std::string text = out.text();
     if (extra_metrics) {
-        out << extra_metrics();
+        text += extra_metrics();  // the prefix cache's families (the same writer)
     }
-    return out.str();
+    return text;
 }
 
 bool HttpServer::Impl::json_content_type(const httplib::Request& req,
@@ -646,6 +645,8 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                     case StreamEvent::Kind::Delta:
                         writer->on_delta(run->choice, event);
                         break;
+                    case StreamEvent::Kind::Progress:
+                        break;  // (streamed responses only)
                     case StreamEvent::Kind::Error:
                         send_api_error(res, *writer, event.http_status, event.error_type,
                                        event.error_message);
@@ -725,6 +726,10 @@ void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
                     out += run->writer->on_delta(run->choice, event);
                     continue;
                 }
+                if (event.kind == StreamEvent::Kind::Progress) {
+                    out += run->writer->on_progress(run->choice, event);
+                    continue;
+                }
                 if (event.kind == StreamEvent::Kind::Error) {
                     run->record->stream_error = event.error_type;
                     out += run->writer->stream_error(event.http_status, event.error_type,
@@ -783,6 +788,7 @@ void HttpServer::listen() { impl_->server.serve(); }
 
 void HttpServer::stop() {
     if (impl_) {
+        impl_->stopping.store(true, std::memory_order_relaxed);  // (signal-safe) SSE streams end
         impl_->server.request_stop();
     }
 }

@@ -2,7 +2,9 @@
 //   POST /v1/chat/completions, POST /v1/completions (openai_request.h, openai_response.cpp),
 //   POST /v1/messages, POST /v1/messages/count_tokens (anthropic_api.h),
 //   POST /v1/responses (responses_api.h), POST /tokenize, POST /detokenize
-//   (token_endpoints.h), GET /v1/models, GET /health, GET /metrics
+//   (token_endpoints.h), GET /v1/models, GET /health, GET /metrics (metrics_writer.h),
+//   GET/DELETE /v1/cache, GET /v1/cache/{requests,stats,events} (cache_endpoints.h),
+//   GET /dashboard (dashboard.h)
 // Connections are read by an event loop (ConnectionServer) that hands complete requests to
 // handler threads; these parse and validate, submit to the Scheduler and wait on a
 // GenerationStream.

@@ -126,7 +126,8 @@ namespace {
         {"response_format", FieldUse::Honored}, {"user", FieldUse::Ignored},                      \
         {"metadata", FieldUse::Ignored}, {"store", FieldUse::Ignored},                            \
         {"service_tier", FieldUse::Ignored}, {"safety_identifier", FieldUse::Ignored},            \
-        {"prompt_cache_retention", FieldUse::Ignored}, {"cache_salt", FieldUse::Honored}, {       \
+        {"prompt_cache_retention", FieldUse::Ignored}, {"cache_salt", FieldUse::Honored},         \
+        {"return_progress", FieldUse::Honored}, {                                                 \
         "n_probs", FieldUse::Rejected                                                             \
     }
 
@@ -176,6 +177,8 @@ void OpenAiRequestParser::parse_common(const json& body, ParsedRequest& out) con
         out.include_usage = bool_field(*options, "include_usage", false);
     }
     out.n = static_cast<int>(integer_field(body, "n", 1, 1, 16));
+    // llama-server's prompt processing progress events (streamed responses only).
+    out.generation.return_progress = out.stream && bool_field(body, "return_progress", false);
     // Like llama-server: what the request asks for, else the server's default; never more
     // than the server's cap or the lane's room (parse() clamps to the room once the prompt
     // is known). Asking for more than fits is not an error: the reply ends at the limit.

@@ -36,14 +36,27 @@ json usage_json(const GenerationStats& stats) {
                 {"prompt_tokens_details", {{"cached_tokens", stats.cached_tokens}}}};
 }
 
+std::string client_miss_reason(const std::string& reason) {
+    // Another tenant's prefix is never revealed to a client, not even that it exists (a
+    // membership probe); the operator sees "namespace" in the logs and metrics.
+    return reason == "namespace" ? "never_seen" : reason;
+}
+
 json skippy_json(const GenerationStats& stats, double parse_ms) {
-    return json{{"cache", stats.cache_decision},
+    const std::string reason = client_miss_reason(stats.miss_reason);
+    json out = {{"cache", stats.cache_decision},
                 {"cache_tier", stats.cache_tier},
+                {"miss_reason", reason.empty() ? json(nullptr) : json(reason)},
+                {"diverged_at", stats.diverged_at >= 0 ? json(stats.diverged_at) : json(nullptr)},
                 {"parse_ms", parse_ms},
                 {"queue_ms", stats.queue_ms},
                 {"restore_ms", stats.restore_ms},
                 {"ttft_ms", stats.time_to_first_token_ms},
                 {"total_ms", stats.total_ms}};
+    if (!stats.miss_tier.empty() && stats.miss_tier != "none") {
+        out["miss_tier"] = stats.miss_tier;
+    }
+    return out;
 }
 
 namespace {
@@ -114,6 +127,19 @@ class OpenAiResponse final : public ApiResponse {
             out += chunk(choice, delta_json(d), nullptr);
         }
         return out;
+    }
+
+    std::string on_progress(size_t choice, const StreamEvent& event) override {
+        if (!parsed_.stream) {
+            return "";
+        }
+        // As llama-server sends it: a chunk with an empty delta and `prompt_progress`.
+        json out = chunk_object(choice, json::object(), nullptr);
+        out["prompt_progress"] = {{"total", event.progress.total},
+                                  {"cache", event.progress.cache},
+                                  {"processed", event.progress.processed},
+                                  {"time_ms", event.progress.time_ms}};
+        return sse_data(out);
     }
 
     std::string on_done(size_t choice, const GenerationStats& stats) override {

@@ -343,6 +343,7 @@ class ResponsesResponse final : public ApiResponse {
         json response = response_object(complete ? "completed" : "incomplete");
         response["output"] = output_items();
         response["usage"] = usage();
+        response["skippy"] = skippy_json(stats_, parsed_->parse_ms);
         if (!complete) {
             response["incomplete_details"] = {{"reason", "max_output_tokens"}};
         }

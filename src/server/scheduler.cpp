@@ -375,7 +375,22 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.stats.cache_decision = std::string(stage::to_string(slot.plan.decision));
     slot.stats.cache_tier = std::string(stage::to_string(slot.plan.tier));
     slot.stats.miss_reason = slot.plan.miss_reason;
+    slot.stats.miss_tier = std::string(stage::to_string(slot.plan.miss_tier));
+    slot.stats.diverged_at = slot.plan.diverged_at;
+    send_progress(slot);
     return true;
+}
+
+void Scheduler::send_progress(Slot& slot) {
+    if (!slot.request.return_progress || slot.post_turn) {
+        return;
+    }
+    PromptProgress p;
+    p.total = static_cast<int32_t>(slot.request.prompt.size());
+    p.cache = slot.plan.n_restored;
+    p.processed = slot.n_prefilled;
+    p.time_ms = static_cast<int64_t>(ms_between(slot.started, Clock::now()));
+    slot.stream->push_progress(p);
 }
 
 void Scheduler::release_slot(Slot& slot, size_t canonical, bool turn_end) {
@@ -668,6 +683,7 @@ void Scheduler::prefill_chunk(Slot& slot) {
     ++slot.next_chunk;
     if (!slot.post_turn) {
         stage_->prefilled(slot.lane, end);
+        send_progress(slot);
     }
     while (slot.next_checkpoint < slot.plan.checkpoints.size() &&
            slot.plan.checkpoints[slot.next_checkpoint] <= end) {

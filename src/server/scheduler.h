@@ -49,6 +49,9 @@ struct GenerationRequest {
     // the last one used; it never separates cached state.
     std::string routing_key;
     bool cache_enabled = true;
+    // Streamed requests that asked for it (return_progress): prompt processing progress
+    // events, at the start and after every prefill chunk.
+    bool return_progress = false;
     // Chat requests: tokens of the conversation with `reply` appended as the assistant
     // message, as the next request of this conversation will render it.
     std::function<std::vector<runtime::Token>(const std::string& reply)> render_turn_end;
@@ -133,6 +136,8 @@ class Scheduler {
     // Ends turn-end work that holds a lane a waiting request needs.
     void yield_post_turn();
     void notify_prompt_done(Slot& slot);
+    // A PromptProgress event when the request asked for them.
+    void send_progress(Slot& slot);
 
     const runtime::Model& model_;
     SchedulerOptions options_;

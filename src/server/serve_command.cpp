@@ -64,7 +64,64 @@ std::string kv_cache_summary(const runtime::Model& model, const runtime::Context
     return " kv=" + std::to_string(static_cast<uint64_t>(mib + 0.5)) + " MiB";
 }
 
+std::string mib(uint64_t bytes) { return std::to_string(bytes / (1024 * 1024)) + " MiB"; }
+
+std::string device_list(const std::vector<runtime::DeviceInfo>& devices) {
+    std::string out;
+    for (const auto& d : devices) {
+        out += (out.empty() ? "" : ", ") + d.label() + " (" + d.kind + ", " + mib(d.free_bytes) +
+               " free of " + mib(d.total_bytes) + ")";
+    }
+    return out.empty() ? std::string("none") : out;
+}
+
+// "gpu_layers=auto split=layer tensor_split=1,3": the device settings, for the map line.
+std::string device_settings(const runtime::ModelLoadOptions& o) {
+    std::string out = "gpu_layers=" + runtime::gpu_layers_name(o.n_gpu_layers) +
+                      " split=" + runtime::split_mode_name(o.split_mode);
+    if (!o.tensor_split.empty()) {
+        std::ostringstream ts;
+        for (size_t i = 0; i < o.tensor_split.size(); ++i) {
+            ts << (i == 0 ? "" : ",") << o.tensor_split[i];
+        }
+        out += " tensor_split=" + ts.str();
+    }
+    if (o.split_mode != runtime::SplitMode::Layer) {
+        out += " main_gpu=" + std::to_string(o.main_gpu);
+    }
+    if (!o.devices.empty()) {
+        std::string names;
+        for (const auto& d : o.devices) {
+            names += (names.empty() ? "" : ",") + d;
+        }
+        out += " device=" + names;
+    }
+    return out;
+}
+
 }  // namespace
+
+void rewrite_llama_server_flags(std::vector<char*>& args) {
+    static char gpu_layers[] = "--gpu-layers";
+    static char device[] = "--device";
+    static char tensor_split[] = "--tensor-split";
+    static char main_gpu[] = "--main-gpu";
+    static char split_mode[] = "--split-mode";
+    for (auto& arg : args) {
+        const std::string a = arg;
+        if (a == "-ngl") {
+            arg = gpu_layers;
+        } else if (a == "-dev") {
+            arg = device;
+        } else if (a == "-ts") {
+            arg = tensor_split;
+        } else if (a == "-mg") {
+            arg = main_gpu;
+        } else if (a == "-sm") {
+            arg = split_mode;
+        }
+    }
+}
 
 std::string ensure_demo_model() {
     const std::filesystem::path dir = std::filesystem::path(cache_dir()) / "models";
@@ -99,6 +156,60 @@ std::string ensure_demo_model() {
 void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("-m,--model", c.model_path, "GGUF model to serve (default: built-in demo)")
         ->envname("SKIPPY_MODEL");
+    // Devices, as llama-server names them (-ngl, -dev, -ts, -mg, -sm work too:
+    // rewrite_llama_server_flags).
+    app.add_option_function<std::string>(
+           "--gpu-layers,--n-gpu-layers",
+           [&c](const std::string& v) {
+               try {
+                   c.load.n_gpu_layers = runtime::parse_gpu_layers(v);
+               } catch (const std::invalid_argument& e) {
+                   throw CLI::ValidationError("--gpu-layers", e.what());
+               }
+           },
+           "layers on the devices (-ngl): auto | all | N, counted from the output down "
+           "(auto = all: every layer and the output; 0 = CPU only)")
+        ->envname("SKIPPY_GPU_LAYERS")
+        ->default_str("auto");
+    app.add_option("--device", c.load.devices,
+                   "devices to use, comma-separated (-dev; names as --list-devices prints "
+                   "them: CUDA0, RPC0, ...; none = CPU only; default: every device)")
+        ->delimiter(',')
+        ->envname("SKIPPY_DEVICE");
+    app.add_option_function<std::string>(
+           "--tensor-split",
+           [&c](const std::string& v) {
+               try {
+                   c.load.tensor_split = runtime::parse_tensor_split(v);
+               } catch (const std::invalid_argument& e) {
+                   throw CLI::ValidationError("--tensor-split", e.what());
+               }
+           },
+           "share of the layers per device, e.g. 3,1 (-ts; default: by free memory)")
+        ->envname("SKIPPY_TENSOR_SPLIT");
+    app.add_option("--main-gpu", c.load.main_gpu,
+                   "the device (index in the device list) for --split-mode none, or for "
+                   "intermediate results with row (-mg)")
+        ->envname("SKIPPY_MAIN_GPU")
+        ->capture_default_str();
+    app.add_option_function<std::string>(
+           "--split-mode",
+           [&c](const std::string& v) {
+               try {
+                   c.load.split_mode = runtime::parse_split_mode(v);
+               } catch (const std::invalid_argument& e) {
+                   throw CLI::ValidationError("--split-mode", e.what());
+               }
+           },
+           "how layers spread over several devices (-sm): none | layer | row")
+        ->envname("SKIPPY_SPLIT_MODE")
+        ->default_str("layer");
+    app.add_option("--rpc", c.rpc_servers,
+                   "rpc-servers holding layers, HOST:PORT comma-separated (llama.cpp's RPC "
+                   "backend; no authentication: private networks only)")
+        ->delimiter(',')
+        ->envname("SKIPPY_RPC");
+    app.add_flag("--list-devices", c.list_devices, "print the devices (after --rpc) and exit");
     app.add_option("--alias", c.model_aliases,
                    "model names served (comma-separated or repeated; '*' accepts any name)")
         ->delimiter(',')
@@ -272,6 +383,24 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
 }
 
 int run_serve(ServeConfig config) {
+    // Before any rpc-server connection: a write to a closed connection must fail, not kill.
+    std::signal(SIGPIPE, SIG_IGN);
+    if (!config.rpc_servers.empty()) {
+        const auto names = runtime::add_rpc_servers(config.rpc_servers);
+        std::cerr << "skippy: rpc-servers";
+        for (size_t i = 0; i < config.rpc_servers.size(); ++i) {
+            std::cerr << (i == 0 ? " " : ", ") << config.rpc_servers[i];
+        }
+        std::cerr << " connected (devices";
+        for (const auto& n : names) {
+            std::cerr << " " << n;
+        }
+        std::cerr << "; no authentication: keep them on a private network)\n";
+    }
+    if (config.list_devices) {
+        std::cout << "devices: " << device_list(runtime::available_devices()) << std::endl;
+        return 0;
+    }
     const bool demo = config.model_path.empty();
     if (demo) {
         config.model_path = ensure_demo_model();
@@ -281,7 +410,8 @@ int run_serve(ServeConfig config) {
             config.http.api_keys.push_back(std::move(key));
         }
     }
-    auto model = runtime::Model::load(config.model_path);
+    auto model = runtime::Model::load(config.model_path, config.load);
+    const runtime::DevicePlacement& placement = model->placement();
     std::string template_override;
     if (!config.chat_template_file.empty()) {
         std::ifstream in(config.chat_template_file);
@@ -315,6 +445,10 @@ int run_serve(ServeConfig config) {
             std::find(model_ids.begin(), model_ids.end(), alias) == model_ids.end()) {
             model_ids.push_back(alias);
         }
+    }
+    if (demo && model_ids.empty()) {
+        // The demo answers to any model name: agent CLIs send their own (claude-opus-*, ...).
+        model_ids.push_back("*");
     }
     if (std::all_of(model_ids.begin(), model_ids.end(), [](const auto& id) { return id == "*"; })) {
         model_ids.insert(model_ids.begin(),
@@ -355,6 +489,9 @@ int run_serve(ServeConfig config) {
               << " queue_depth=" << config.scheduler.max_queue_depth << " auth=" << keys.summary()
               << " log_format=" << log_format_name(config.http.access_log.format)
               << " access_log=" << (config.http.access_log.enabled ? "on" : "off") << "\n"
+              << "skippy: devices " << device_list(placement.devices) << "\n"
+              << "skippy: " << placement.map_text() << " (" << device_settings(config.load)
+              << "; read from the loaded model's weights)\n"
               << "skippy: cache " << cache_summary << "\n"
               << "skippy: listening on http://" << config.http.host << ":" << port << std::endl;
     g_http_server = &http;

@@ -1,7 +1,6 @@
 #include "stage/cache_telemetry.h"
 
 #include <chrono>
-#include <sstream>
 
 #include "nlohmann/json.hpp"
 
@@ -58,20 +57,17 @@ void CacheTelemetry::lookup(const LookupEvent& e) {
     }
     if (e.decision != CacheDecision::Off) {
         prompt_tokens_ += static_cast<uint64_t>(e.prompt_tokens);
+        prefilled_tokens_ += static_cast<uint64_t>(e.suffix_tokens);
     }
     if (e.quarantined) {
         ++quarantines_;
     }
     cached_tokens_ += static_cast<uint64_t>(e.restored_tokens);
     if (e.restored_tokens > 0) {
-        const double total = e.lookup_ms + e.reconstruct_ms + e.import_ms;
-        for (size_t i = 0; i < kLatencyBucketsMs.size(); ++i) {
-            if (total <= kLatencyBucketsMs[i]) {
-                ++restore_buckets_[i];
-            }
-        }
-        ++restore_count_;
-        restore_sum_us_ += static_cast<uint64_t>(total * 1000.0);
+        (e.tier == CacheTier::Lane   ? restored_lane_
+         : e.tier == CacheTier::Disk ? restored_disk_
+                                     : restored_ram_) += static_cast<uint64_t>(e.restored_tokens);
+        restore_seconds_.observe((e.lookup_ms + e.reconstruct_ms + e.import_ms) / 1000.0);
     }
     if (log_ != nullptr) {
         nlohmann::json j = {{"ts", now_unix_seconds()},
@@ -92,6 +88,15 @@ void CacheTelemetry::lookup(const LookupEvent& e) {
                             {"quarantined", e.quarantined}};
         if (!e.reason.empty()) {
             j["reason"] = e.reason;
+        }
+        if (!e.error.empty()) {
+            j["error"] = e.error;
+        }
+        if (e.miss_tier != CacheTier::None) {
+            j["miss_tier"] = to_string(e.miss_tier);
+        }
+        if (e.diverged_at >= 0) {
+            j["diverged_at"] = e.diverged_at;
         }
         write_line(j.dump());
     }
@@ -132,52 +137,78 @@ void CacheTelemetry::record(const RecordEvent& e) {
     }
 }
 
+CacheTelemetry::Totals CacheTelemetry::totals() const {
+    Totals t;
+    t.hits = exact_hits();
+    t.lookups = t.hits + misses_ + errors_;
+    t.prompt_tokens = prompt_tokens_;
+    t.restored_tokens = cached_tokens_;
+    t.restored_lane = restored_lane_;
+    t.restored_ram = restored_ram_;
+    t.restored_disk = restored_disk_;
+    t.prefilled_tokens = prefilled_tokens_;
+    t.records_stored = records_stored_;
+    t.records_dropped = records_dropped_;
+    t.evictions = exact_evictions_;
+    t.quarantines = quarantines_;
+    return t;
+}
+
+void CacheTelemetry::write_metrics(metrics::MetricsWriter& out) const {
+    const char* lookups = "Cache lookup decisions (tier: where a hit came from).";
+    auto d = [](uint64_t v) { return static_cast<double>(v); };
+    out.counter("skippy_cache_lookups_total", lookups, d(lane_hits_),
+                {{"decision", "exact_hit"}, {"tier", "lane"}});
+    out.counter("skippy_cache_lookups_total", lookups, d(ram_hits_),
+                {{"decision", "exact_hit"}, {"tier", "ram"}});
+    out.counter("skippy_cache_lookups_total", lookups, d(disk_hits_),
+                {{"decision", "exact_hit"}, {"tier", "disk"}});
+    out.counter("skippy_cache_lookups_total", lookups, d(misses_), {{"decision", "miss"}});
+    out.counter("skippy_cache_lookups_total", lookups, d(errors_), {{"decision", "error"}});
+    out.counter("skippy_cache_lookups_total", lookups, d(off_), {{"decision", "off"}});
+    out.counter("skippy_cache_hits_total", "Lookups that restored a cached prefix.",
+                d(exact_hits()));
+    out.counter("skippy_cache_misses_total", "Lookups that restored nothing.", d(misses_));
+    out.counter("skippy_cache_errors_total", "Restores that failed and fell back to prefill.",
+                d(errors_));
+    out.counter("skippy_cache_quarantined_total", "Entries removed because their bytes were bad.",
+                d(quarantines_));
+    out.counter("skippy_cache_cached_tokens_total", "Prompt tokens restored from the cache.",
+                d(cached_tokens_));
+    const char* restored = "Prompt tokens restored from the cache, by tier.";
+    out.counter("skippy_cache_restored_tokens_total", restored, d(restored_lane_),
+                {{"tier", "lane"}});
+    out.counter("skippy_cache_restored_tokens_total", restored, d(restored_ram_),
+                {{"tier", "ram"}});
+    out.counter("skippy_cache_restored_tokens_total", restored, d(restored_disk_),
+                {{"tier", "disk"}});
+    out.counter("skippy_cache_prefilled_tokens_total",
+                "Prompt tokens of lookups that were prefilled (not restored).",
+                d(prefilled_tokens_));
+    out.counter("skippy_cache_lookup_prompt_tokens_total",
+                "Prompt tokens of requests that looked up the cache (token-weighted hit rate: "
+                "cached_tokens_total / this).",
+                d(prompt_tokens_));
+    out.counter("skippy_cache_records_queued_total", "Exact-state records admitted to the queue.",
+                d(records_queued_));
+    out.counter("skippy_cache_records_stored_total", "Exact-state records stored.",
+                d(records_stored_));
+    out.counter("skippy_cache_records_dropped_total", "Records dropped (queue full / in flight).",
+                d(records_dropped_));
+    out.counter("skippy_cache_records_failed_total", "Record jobs that failed.",
+                d(records_failed_));
+    out.counter("skippy_cache_records_already_present_total", "Records skipped: already stored.",
+                d(records_present_));
+    out.counter("skippy_cache_evictions_total", "Entries evicted.", d(exact_evictions_));
+    out.histogram("skippy_cache_restore_seconds",
+                  "Restore latency (lookup + reconstruct + import) of hits.",
+                  restore_seconds_.snapshot());
+}
+
 std::string CacheTelemetry::metrics_text() const {
-    std::ostringstream out;
-    out << "# HELP skippy_cache_lookups_total Cache lookup decisions (tier: where a hit came "
-           "from).\n"
-        << "# TYPE skippy_cache_lookups_total counter\n"
-        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"lane\"} " << lane_hits_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"ram\"} " << ram_hits_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"exact_hit\",tier=\"disk\"} " << disk_hits_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"miss\"} " << misses_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"error\"} " << errors_ << "\n"
-        << "skippy_cache_lookups_total{decision=\"off\"} " << off_ << "\n";
-    auto counter = [&](const char* name, const char* help, uint64_t v) {
-        out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n"
-            << name << ' ' << v << "\n";
-    };
-    counter("skippy_cache_hits_total", "Lookups that restored a cached prefix.",
-            lane_hits_ + ram_hits_ + disk_hits_);
-    counter("skippy_cache_misses_total", "Lookups that restored nothing.", misses_);
-    counter("skippy_cache_errors_total", "Restores that failed and fell back to prefill.", errors_);
-    counter("skippy_cache_quarantined_total", "Entries removed because their bytes were bad.",
-            quarantines_);
-    counter("skippy_cache_cached_tokens_total", "Prompt tokens restored from the cache.",
-            cached_tokens_);
-    counter("skippy_cache_records_queued_total", "Exact-state records admitted to the queue.",
-            records_queued_);
-    counter("skippy_cache_records_stored_total", "Exact-state records stored.", records_stored_);
-    counter("skippy_cache_records_dropped_total", "Records dropped (queue full / in flight).",
-            records_dropped_);
-    counter("skippy_cache_records_failed_total", "Record jobs that failed.", records_failed_);
-    counter("skippy_cache_records_already_present_total", "Records skipped: already stored.",
-            records_present_);
-    counter("skippy_cache_evictions_total", "Entries evicted.", exact_evictions_);
-    counter("skippy_cache_lookup_prompt_tokens_total",
-            "Prompt tokens of requests that looked up the cache (token-weighted hit rate: "
-            "cached_tokens_total / this).",
-            prompt_tokens_);
-    out << "# HELP skippy_cache_restore_ms Restore latency (lookup + reconstruct + import).\n"
-        << "# TYPE skippy_cache_restore_ms histogram\n";
-    for (size_t i = 0; i < kLatencyBucketsMs.size(); ++i) {
-        out << "skippy_cache_restore_ms_bucket{le=\"" << kLatencyBucketsMs[i] << "\"} "
-            << restore_buckets_[i] << "\n";
-    }
-    out << "skippy_cache_restore_ms_bucket{le=\"+Inf\"} " << restore_count_ << "\n"
-        << "skippy_cache_restore_ms_sum " << static_cast<double>(restore_sum_us_) / 1000.0 << "\n"
-        << "skippy_cache_restore_ms_count " << restore_count_ << "\n";
-    return out.str();
+    metrics::MetricsWriter out;
+    write_metrics(out);
+    return out.text();
 }
 
 }  // namespace skippy::stage

@@ -6,13 +6,13 @@
 // the record worker concurrently; counters are atomics and the log file has its own mutex.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <string>
 
+#include "server/metrics_writer.h"
 #include "stage/plan.h"
 
 namespace skippy::stage {
@@ -22,10 +22,17 @@ struct LookupEvent {
     CacheTier tier = CacheTier::None;
     std::string page_id;
     std::string payload;  // kv-pages / full-state
-    // Miss reasons: never_seen, below_min_tokens, namespace (only another tenant has it),
-    // cache_off; errors: what failed.
+    // Why nothing was restored (misses: never_seen, evicted, quarantined, below_min_tokens,
+    // diverged, namespace; off: cache_off; errors: restore_failed, with `error` saying what
+    // failed). Empty for a hit.
     std::string reason;
+    std::string error;
+    // evicted / quarantined: the tier that lost the prefix.
+    CacheTier miss_tier = CacheTier::None;
     int32_t matched_tokens = 0;  // tokens matched before the first difference (best source)
+    // The longest prefix of the prompt this tenant has cached anywhere (lanes, RAM, disk):
+    // where the prompt diverged from the nearest one. -1: not looked up (cache off).
+    int32_t diverged_at = -1;
     int32_t prompt_tokens = 0;
     int32_t restored_tokens = 0;
     int32_t suffix_tokens = 0;
@@ -60,12 +67,25 @@ class CacheTelemetry {
     void lookup(const LookupEvent& event);
     void record(const RecordEvent& event);
 
-    // Prometheus text of the event counters (the caches add their gauges).
+    // The event counters as Prometheus families (the caches add their gauges).
+    void write_metrics(metrics::MetricsWriter& out) const;
     std::string metrics_text() const;
 
     uint64_t exact_hits() const { return lane_hits_ + ram_hits_ + disk_hits_; }
     uint64_t misses() const { return misses_; }
     uint64_t quarantines() const { return quarantines_; }
+
+    // Token-weighted totals of the lookups (the dashboard).
+    struct Totals {
+        uint64_t lookups = 0;  // decisions other than off
+        uint64_t hits = 0;
+        uint64_t prompt_tokens = 0;    // of lookups
+        uint64_t restored_tokens = 0;  // all tiers
+        uint64_t restored_lane = 0, restored_ram = 0, restored_disk = 0;
+        uint64_t prefilled_tokens = 0;  // prompt tokens of lookups not restored
+        uint64_t records_stored = 0, records_dropped = 0, evictions = 0, quarantines = 0;
+    };
+    Totals totals() const;
 
   private:
     void write_line(const std::string& line);
@@ -73,14 +93,13 @@ class CacheTelemetry {
     std::FILE* log_ = nullptr;
     std::mutex log_mutex_;
     std::atomic<uint64_t> lane_hits_{0}, ram_hits_{0}, disk_hits_{0}, misses_{0}, errors_{0},
-        off_{0}, quarantines_{0}, cached_tokens_{0}, prompt_tokens_{0};
+        off_{0}, quarantines_{0}, cached_tokens_{0}, prompt_tokens_{0}, prefilled_tokens_{0};
+    std::atomic<uint64_t> restored_lane_{0}, restored_ram_{0}, restored_disk_{0};
     std::atomic<uint64_t> records_queued_{0}, records_stored_{0}, records_dropped_{0},
         records_failed_{0}, records_present_{0}, exact_evictions_{0};
-    static constexpr std::array<double, 10> kLatencyBucketsMs = {0.5, 1,  2.5, 5,   10,
-                                                                 25,  50, 100, 250, 1000};
-    std::array<std::atomic<uint64_t>, kLatencyBucketsMs.size()> restore_buckets_{};
-    std::atomic<uint64_t> restore_count_{0};
-    std::atomic<uint64_t> restore_sum_us_{0};
+    // Restore latency (lookup + reconstruct + import), seconds.
+    metrics::Histogram restore_seconds_{
+        {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}};
 };
 
 }  // namespace skippy::stage

@@ -53,9 +53,14 @@ struct Plan {
     int32_t n_restored = 0;  // prompt tokens in the lane now
     CacheDecision decision = CacheDecision::Miss;
     CacheTier tier = CacheTier::None;
-    // Why nothing was restored (the lookup event's reason: never_seen, below_min_tokens,
-    // namespace, cache_off; for Error what failed); empty for a hit.
+    // Why nothing was restored (the lookup event's reason: never_seen, evicted, quarantined,
+    // below_min_tokens, diverged, namespace, cache_off, restore_failed); empty for a hit.
     std::string miss_reason;
+    // evicted / quarantined: the tier that lost the prefix (None otherwise).
+    CacheTier miss_tier = CacheTier::None;
+    // Tokens of the prompt before its first difference with the nearest prefix the tenant
+    // has cached (-1: no lookup).
+    int32_t diverged_at = -1;
     // Ascending ends of the prefill chunks (from n_restored), the last one = the prompt
     // size, following the exactness rule above.
     std::vector<int32_t> chunk_ends;

@@ -1,5 +1,9 @@
-// PrefixCacheStage's gauges: what the lanes hold (kept current by the scheduler thread) and
-// the /metrics text (any thread: atomics, and the store's stats only when its lock is free).
+// PrefixCacheStage's gauges: what the lanes hold (kept current by the scheduler thread), the
+// /metrics families (any thread: atomics, and the store's stats only when its lock is free),
+// and inspection: the entries per namespace, a namespace flush, memory against budgets.
+#include <algorithm>
+#include <map>
+
 #include "stage/prefix_cache_stage.h"
 
 namespace skippy::stage {
@@ -15,73 +19,158 @@ void PrefixCacheStage::update_lane_gauge() {
     lanes_pending_.store(pending, std::memory_order_release);
 }
 
-std::string PrefixCacheStage::metrics_text() const {
-    std::string out = telemetry_->metrics_text();
-    auto gauge = [&](const char* name, const char* help, double v) {
-        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name +
-               " " + std::to_string(v) + "\n";
-    };
+void PrefixCacheStage::write_metrics(metrics::MetricsWriter& out) const {
+    telemetry_->write_metrics(out);
+    auto d = [](auto v) { return static_cast<double>(v); };
     if (auto s = exact_->try_stats()) {
-        gauge("skippy_cache_exact_entries", "Exact-state entries.",
-              static_cast<double>(s->entries));
-        gauge("skippy_cache_physical_bytes", "Unique block bytes of exact-state payloads.",
-              static_cast<double>(s->blocks.physical_bytes));
-        gauge("skippy_cache_logical_bytes", "Payload bytes referenced by entries.",
-              static_cast<double>(s->blocks.logical_bytes));
-        gauge("skippy_cache_blocks", "Stored blocks.", static_cast<double>(s->blocks.block_count));
-        gauge("skippy_cache_leased_entries", "Exact-state entries held by a lease (a restore).",
-              static_cast<double>(s->leased_entries));
-        gauge("skippy_cache_hidden_entries",
-              "Exact-state entries quarantined while leased, freed at the last release.",
-              static_cast<double>(s->hidden_entries));
+        out.gauge("skippy_cache_exact_entries", "Exact-state entries.", d(s->entries));
+        out.gauge("skippy_cache_physical_bytes", "Unique block bytes of exact-state payloads.",
+                  d(s->blocks.physical_bytes));
+        out.gauge("skippy_cache_logical_bytes", "Payload bytes referenced by entries.",
+                  d(s->blocks.logical_bytes));
+        out.gauge("skippy_cache_blocks", "Stored blocks.", d(s->blocks.block_count));
+        out.gauge("skippy_cache_leased_entries", "Exact-state entries held by a lease (a restore).",
+                  d(s->leased_entries));
+        out.gauge("skippy_cache_hidden_entries",
+                  "Exact-state entries quarantined while leased, freed at the last release.",
+                  d(s->hidden_entries));
     }
+    out.gauge("skippy_cache_max_bytes",
+              "Byte budget of the RAM tier's entries (--cache-max-bytes less the record "
+              "queue's share).",
+              d(exact_->limits().max_physical_bytes));
     const auto q = queue_->counters();
-    gauge("skippy_cache_record_queue_pending", "Record jobs queued or running.",
-          static_cast<double>(q.pending));
-    gauge("skippy_cache_record_queue_bytes", "Captured state bytes waiting in the record queue.",
-          static_cast<double>(queued_bytes_->load()));
-    gauge("skippy_cache_record_worker_failures", "Record jobs that failed in the worker.",
-          static_cast<double>(q.failed));
+    out.gauge("skippy_cache_record_queue_pending", "Record jobs queued or running.", d(q.pending));
+    out.gauge("skippy_cache_record_queue_bytes",
+              "Captured state bytes waiting in the record queue.", d(queued_bytes_->load()));
+    out.gauge("skippy_cache_record_queue_max_bytes",
+              "Byte budget of captured states in the record queue.", d(queue_budget_bytes_));
+    out.gauge("skippy_cache_record_worker_failures", "Record jobs that failed in the worker.",
+              d(q.failed));
+    if (disk_) {
+        const auto s = disk_->stats();
+        out.gauge("skippy_cache_disk_entries", "Entries in the disk tier.", d(s.entries));
+        out.gauge("skippy_cache_disk_bytes", "Bytes of the disk tier (blocks + manifests).",
+                  d(s.disk_bytes));
+        out.gauge("skippy_cache_disk_max_bytes", "Byte bound of the disk tier (0: none).",
+                  d(config_.disk_max_bytes));
+        out.gauge("skippy_cache_disk_leased_entries", "Disk entries held by a lease (a read).",
+                  d(s.leased_entries));
+        out.gauge("skippy_cache_disk_read_only", "1 when the disk tier stopped writing.",
+                  s.mode == cache::DiskMode::ReadOnly ? 1.0 : 0.0);
+        out.gauge("skippy_cache_disk_write_queue_depth", "Disk writes queued or running.",
+                  d(s.queue_depth));
+        out.gauge("skippy_cache_disk_reconcile_seconds",
+                  "Start-up reconciliation of the disk tier.", s.reconcile_ms / 1000.0);
+        out.counter("skippy_cache_disk_hits_total", "Disk lookups that found a longer prefix.",
+                    d(s.hits));
+        out.counter("skippy_cache_disk_promotions_total", "Entries read from disk into RAM.",
+                    d(disk_promotions_.load()));
+        out.counter("skippy_cache_disk_writes_total", "Entries committed to disk (demotions).",
+                    d(s.writes));
+        out.counter("skippy_cache_disk_write_failures_total",
+                    "Disk writes that failed (I/O errors, no space).",
+                    d(s.write_failures + s.write_no_room));
+        out.counter("skippy_cache_disk_write_dropped_total", "Disk writes dropped (queue full).",
+                    d(s.dropped_full));
+        out.counter("skippy_cache_disk_read_failures_total", "Disk reads that failed verification.",
+                    d(disk_read_failures_.load()));
+        out.counter("skippy_cache_disk_quarantined_total", "Disk entries removed as bad.",
+                    d(s.quarantines));
+        out.counter("skippy_cache_disk_evictions_total", "Disk entries evicted (LRU).",
+                    d(s.evictions));
+    }
+    out.gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
+              d(lane_tokens_.load(std::memory_order_relaxed)));
+    out.gauge("skippy_cache_lanes_pending",
+              "Lanes whose records wait for their deferred export (lane replaced, or 50 ms "
+              "idle).",
+              d(lanes_pending()));
+}
+
+std::string PrefixCacheStage::metrics_text() const {
+    metrics::MetricsWriter out;
+    write_metrics(out);
+    return out.text();
+}
+
+std::vector<PrefixCacheStage::NamespaceView> PrefixCacheStage::inventory(
+    const cache::NamespaceId* only) const {
+    std::map<cache::NamespaceId, std::map<cache::PageId, EntryView>> merged;
+    for (const auto& e : exact_->list_entries(only)) {
+        EntryView& v = merged[e.ns][e.page];
+        v.page = e.page;
+        v.tokens = e.tokens;
+        v.bytes = e.payload_bytes;
+        v.in_ram = true;
+        v.hits += e.hits;
+        v.stored_unix_ms = e.stored_unix_ms;
+        v.last_hit_unix_ms = std::max(v.last_hit_unix_ms, e.last_hit_unix_ms);
+    }
+    if (disk_) {
+        for (const auto& e : disk_->list_entries(only)) {
+            EntryView& v = merged[e.ns][e.page];
+            v.page = e.page;
+            v.tokens = e.tokens;
+            v.bytes = e.payload_bytes;
+            v.on_disk = true;
+            v.hits += e.hits;
+            v.last_hit_unix_ms = std::max(v.last_hit_unix_ms, e.last_hit_unix_ms);
+        }
+    }
+    std::vector<NamespaceView> out;
+    for (auto& [ns, pages] : merged) {
+        NamespaceView view;
+        view.ns = ns;
+        for (auto& [page, entry] : pages) {
+            view.tokens += entry.tokens;
+            view.bytes += entry.bytes;
+            view.entries.push_back(entry);
+        }
+        std::sort(view.entries.begin(), view.entries.end(),
+                  [](const EntryView& a, const EntryView& b) { return a.tokens > b.tokens; });
+        out.push_back(std::move(view));
+    }
+    return out;
+}
+
+size_t PrefixCacheStage::flush_namespace(const cache::NamespaceId& ns) {
+    {
+        std::lock_guard<std::mutex> lock(forget_mutex_);
+        forget_namespaces_.push_back(ns);
+    }
+    forget_namespaces_pending_.store(true, std::memory_order_release);
+    size_t removed = exact_->remove_namespace(ns);
+    if (disk_) {
+        removed += disk_->remove_namespace(ns);
+    }
+    return removed;
+}
+
+PrefixCacheStage::MemoryView PrefixCacheStage::memory() const {
+    MemoryView m;
+    const auto s = exact_->stats();
+    m.ram_bytes = s.blocks.physical_bytes;
+    m.ram_logical_bytes = s.blocks.logical_bytes;
+    m.ram_budget = exact_->limits().max_physical_bytes;
+    m.ram_entries = s.entries;
+    m.max_entries = exact_->limits().max_entries;
     if (disk_) {
         const auto d = disk_->stats();
-        gauge("skippy_cache_disk_entries", "Entries in the disk tier.",
-              static_cast<double>(d.entries));
-        gauge("skippy_cache_disk_bytes", "Bytes of the disk tier (blocks + manifests).",
-              static_cast<double>(d.disk_bytes));
-        gauge("skippy_cache_disk_leased_entries", "Disk entries held by a lease (a read).",
-              static_cast<double>(d.leased_entries));
-        gauge("skippy_cache_disk_read_only", "1 when the disk tier stopped writing.",
-              d.mode == cache::DiskMode::ReadOnly ? 1.0 : 0.0);
-        gauge("skippy_cache_disk_write_queue_depth", "Disk writes queued or running.",
-              static_cast<double>(d.queue_depth));
-        gauge("skippy_cache_disk_reconcile_ms", "Start-up reconciliation of the disk tier.",
-              d.reconcile_ms);
-        auto counter = [&](const char* name, const char* help, double v) {
-            out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" +
-                   name + " " + std::to_string(v) + "\n";
-        };
-        counter("skippy_cache_disk_hits_total", "Disk lookups that found a longer prefix.",
-                static_cast<double>(d.hits));
-        counter("skippy_cache_disk_promotions_total", "Entries read from disk into RAM.",
-                static_cast<double>(disk_promotions_.load()));
-        counter("skippy_cache_disk_writes_total", "Entries committed to disk (demotions).",
-                static_cast<double>(d.writes));
-        counter("skippy_cache_disk_write_failures_total",
-                "Disk writes that failed (I/O errors, no space).",
-                static_cast<double>(d.write_failures + d.write_no_room));
-        counter("skippy_cache_disk_write_dropped_total", "Disk writes dropped (queue full).",
-                static_cast<double>(d.dropped_full));
-        counter("skippy_cache_disk_read_failures_total", "Disk reads that failed verification.",
-                static_cast<double>(disk_read_failures_.load()));
-        counter("skippy_cache_disk_quarantined_total", "Disk entries removed as bad.",
-                static_cast<double>(d.quarantines));
+        m.disk = true;
+        m.disk_read_only = d.mode == cache::DiskMode::ReadOnly;
+        m.disk_bytes = d.disk_bytes;
+        m.disk_budget = config_.disk_max_bytes;
+        m.disk_entries = d.entries;
+        m.disk_queue = d.queue_depth;
     }
-    gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
-          static_cast<double>(lane_tokens_.load(std::memory_order_relaxed)));
-    gauge("skippy_cache_lanes_pending",
-          "Lanes whose records wait for their deferred export (lane replaced, or 50 ms idle).",
-          static_cast<double>(lanes_pending()));
-    return out;
+    m.queue_bytes = queued_bytes_->load();
+    m.queue_budget = queue_budget_bytes_;
+    m.queue_pending = queue_->counters().pending;
+    m.queue_capacity = config_.record_queue_capacity;
+    m.lane_tokens = lane_tokens_.load(std::memory_order_relaxed);
+    m.lanes_pending = lanes_pending();
+    return m;
 }
 
 }  // namespace skippy::stage

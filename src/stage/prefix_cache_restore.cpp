@@ -62,6 +62,7 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     const PeerMatch peer = best_peer(lane, ns, prompt);
     event.lookup_ms = ms_since(t0);
     event.matched_tokens = std::max({lane_common, stored, peer.tokens});
+    event.diverged_at = std::max({diverged_at(prompt, ns), stored, peer.tokens, in_lane});
     if (in_lane > 0 && in_lane >= stored && in_lane >= peer.tokens) {
         // The lane holds the prefix already: keep it, drop what follows. Hybrid/recurrent
         // lanes whose state moved on get the recurrent state of a checkpoint taken there.
@@ -97,19 +98,7 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     if (stored < static_cast<int32_t>(policy_.min_tokens)) {
         context.seq_clear(lane);
         event.decision = CacheDecision::Miss;
-        if (n < static_cast<int32_t>(policy_.min_tokens) + 2) {
-            event.reason = "below_min_tokens";
-        } else if (config_.events_log_path.empty()) {
-            event.reason = "never_seen";
-        } else {
-            // Only worth the extra lookup when someone reads the reason.
-            const cache::NamespaceId plain = namespace_for("");
-            const bool elsewhere =
-                !prompt.cache_namespace.empty() &&
-                exact_->peek_longest(plain, prompt.tokens.first(static_cast<size_t>(limit)),
-                                     match_);
-            event.reason = elsewhere ? "namespace" : "never_seen";
-        }
+        event.reason = why_missed(prompt, ns, limit, event);
         return 0;
     }
     event.page_id = hit->page.str();
@@ -136,7 +125,8 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     }
     context.seq_clear(lane);
     event.decision = CacheDecision::Error;
-    event.reason = reason;
+    event.reason = "restore_failed";
+    event.error = reason;
     const auto status = exact_->quarantine(*hit);
     hit.reset();  // the last lease: the entry goes now
     event.quarantined =
@@ -144,10 +134,86 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     return 0;
 }
 
+int32_t PrefixCacheStage::diverged_at(const PromptInfo& prompt,
+                                      const cache::NamespaceId& ns) const {
+    // The nearest prefix this tenant has anywhere: a lane (what it holds), a stored entry
+    // (RAM, disk), whatever could be restored from it. Never another tenant's.
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    int32_t best = 0;
+    for (const LaneState& other : lanes_) {
+        if (other.has_ns && other.ns == ns) {
+            best = std::max(best, common_prefix(other.tokens, prompt.tokens, n));
+        }
+    }
+    if (auto p = exact_->peek_longest(ns, prompt.tokens, cache::PrefixMatch::Common)) {
+        best = std::max(best, static_cast<int32_t>(p->len));
+    }
+    if (disk_) {
+        if (auto p = disk_->peek_longest(ns, prompt.tokens, cache::PrefixMatch::Common)) {
+            best = std::max(best, static_cast<int32_t>(p->len));
+        }
+    }
+    return best;
+}
+
+std::string PrefixCacheStage::why_missed(const PromptInfo& prompt, const cache::NamespaceId& ns,
+                                         int32_t limit, LookupEvent& event) const {
+    const auto min = static_cast<int32_t>(policy_.min_tokens);
+    if (limit < min) {
+        return "below_min_tokens";  // too short to restore anything (--cache-min-tokens)
+    }
+    // What this tenant had and lost: evicted or quarantined, in RAM or on disk (the disk is
+    // where an entry is lost for good when the tier is on).
+    std::optional<cache::GhostMatch> lost;
+    if (disk_) {
+        if (auto g = disk_->forgotten_longest(ns, prompt.tokens, static_cast<size_t>(min))) {
+            lost = g;
+            event.miss_tier = CacheTier::Disk;
+        }
+    }
+    if (auto g = exact_->forgotten_longest(ns, prompt.tokens, static_cast<size_t>(min));
+        g && (!lost || g->len > lost->len)) {
+        lost = g;
+        event.miss_tier = CacheTier::Ram;
+    }
+    if (lost && static_cast<int32_t>(lost->len) > event.diverged_at) {
+        return lost->cause == cache::GhostCause::Quarantined ? "quarantined" : "evicted";
+    }
+    event.miss_tier = CacheTier::None;
+    if (event.diverged_at >= min) {
+        // This tenant has a prefix of the prompt, but nothing restorable inside it (a model
+        // with recurrent state restores only where a state was taken).
+        return "diverged";
+    }
+    // Another tenant's prefix (its lanes, RAM, disk): only the fact is reported, never its
+    // length or tokens.
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    int32_t elsewhere = 0;
+    for (const LaneState& other : lanes_) {
+        if (other.has_ns && !(other.ns == ns)) {
+            elsewhere = std::max(elsewhere, common_prefix(other.tokens, prompt.tokens, n));
+        }
+    }
+    if (elsewhere < min) {
+        elsewhere =
+            std::max(elsewhere, static_cast<int32_t>(exact_->longest_elsewhere(ns, prompt.tokens)));
+    }
+    if (elsewhere < min && disk_) {
+        elsewhere =
+            std::max(elsewhere, static_cast<int32_t>(disk_->longest_elsewhere(ns, prompt.tokens)));
+    }
+    return elsewhere >= min ? "namespace" : "never_seen";
+}
+
 bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId lane,
                                     const cache::ExactHit& hit, bool recurrent_only,
                                     std::string& reason, LookupEvent& event) {
     const auto n = static_cast<uint32_t>(hit.stored_len);
+    if (failing_restores_.load(std::memory_order_relaxed) > 0 &&
+        failing_restores_.fetch_sub(1, std::memory_order_relaxed) > 0) {
+        reason = "injected fault (SKIPPY_TEST_FAIL_RESTORES)";
+        return false;
+    }
     const auto t1 = Clock::now();
     const cache::ReconstructError error = exact_->reconstruct_into(hit.lease, import_buffer_);
     event.reconstruct_ms = ms_since(t1);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "cache/prefix_identity.h"
 #include "runtime/runtime_version.h"
@@ -45,7 +46,8 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
         runtime::resolve_flash_attn(context.flash_attn, model.kind()) == runtime::FlashAttn::On;
     base_fields_.unified_kv = false;
     base_fields_.n_ctx = 0;  // pages do not depend on the context size or the lane count
-    base_fields_.devices = "cpu";
+    // Backend kind per layer, split and device kinds; "cpu" without devices (devices.h).
+    base_fields_.devices = model.placement().identity();
     base_fields_.platform = cache::current_platform();
     layout_.kind = payload;
     layout_.n_layer = model.n_layer();
@@ -57,6 +59,11 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     match_ = layout_.has_recurrent ? cache::PrefixMatch::Stored : cache::PrefixMatch::Common;
     rule_ = ExactRule::for_model(base_fields_.flash_attn, layout_.has_recurrent);
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
+    // Tests of the restore_failed / quarantined paths: the next N imports of stored entries
+    // fail as a corrupt one would.
+    if (const char* n = std::getenv("SKIPPY_TEST_FAIL_RESTORES")) {
+        failing_restores_.store(std::atoi(n));
+    }
     // Captured states waiting in the record queue count against --cache-max-bytes: they get
     // an eighth of it, the stored entries the rest.
     queue_budget_bytes_ = config.max_bytes / 8;
@@ -180,6 +187,24 @@ void PrefixCacheStage::apply_forget_lanes() {
     if (forget_lanes_.exchange(false, std::memory_order_acq_rel)) {
         for (auto& lane : lanes_) {
             lane = LaneState{};
+        }
+        update_lane_gauge();
+    }
+    if (forget_namespaces_pending_.exchange(false, std::memory_order_acq_rel)) {
+        std::vector<cache::NamespaceId> flushed;
+        {
+            std::lock_guard<std::mutex> lock(forget_mutex_);
+            flushed.swap(forget_namespaces_);
+        }
+        for (auto& lane : lanes_) {
+            if (lane.has_ns &&
+                std::find(flushed.begin(), flushed.end(), lane.ns) != flushed.end()) {
+                // No longer served to anyone (a running request keeps its cells; its lane
+                // is matched again only after its next plan), nothing recorded from it.
+                lane.has_ns = false;
+                lane.pending.clear();
+                lane.checkpoints.clear();
+            }
         }
         update_lane_gauge();
     }
@@ -337,6 +362,8 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     event.restored_tokens = restored;
     event.suffix_tokens = n - restored;
     plan.miss_reason = event.reason;
+    plan.miss_tier = event.miss_tier;
+    plan.diverged_at = event.diverged_at;
     telemetry_->lookup(event);
     // The lane's checkpoints are states of the tokens it held: only those inside what that
     // shares with this prompt (and inside what was restored) are states of this prompt too.

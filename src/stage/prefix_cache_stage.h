@@ -41,6 +41,7 @@
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
 #include "runtime/model.h"
+#include "server/metrics_writer.h"
 #include "stage/buffer_pool.h"
 #include "stage/cache_config.h"
 #include "stage/cache_telemetry.h"
@@ -85,7 +86,54 @@ class PrefixCacheStage final : public StageBackend {
     uint64_t queued_bytes() const { return queued_bytes_->load(); }
 
     std::string metrics_text() const;
+    void write_metrics(metrics::MetricsWriter& out) const;
     cache::PayloadKind payload() const { return layout_.kind; }
+
+    // ---- inspection (any thread; GET/DELETE /v1/cache, the dashboard) ----
+    struct EntryView {
+        cache::PageId page;
+        size_t tokens = 0;
+        uint64_t bytes = 0;  // payload bytes (before dedupe across entries)
+        bool in_ram = false;
+        bool on_disk = false;
+        uint64_t hits = 0;
+        int64_t stored_unix_ms = 0;
+        int64_t last_hit_unix_ms = 0;
+    };
+    struct NamespaceView {
+        cache::NamespaceId ns;
+        std::vector<EntryView> entries;  // longest first
+        uint64_t tokens = 0;
+        uint64_t bytes = 0;
+    };
+    // Every namespace with stored entries (RAM and disk merged by page id), or only `only`.
+    std::vector<NamespaceView> inventory(const cache::NamespaceId* only = nullptr) const;
+    // Drops every entry of the namespace from RAM and disk; lanes holding its state stop
+    // serving it (applied by the scheduler thread before its next lane choice). Returns
+    // the entries removed.
+    size_t flush_namespace(const cache::NamespaceId& ns);
+    struct MemoryView {
+        uint64_t ram_bytes = 0;  // unique block bytes
+        uint64_t ram_logical_bytes = 0;
+        uint64_t ram_budget = 0;  // --cache-max-bytes less the record queue's share
+        size_t ram_entries = 0;
+        size_t max_entries = 0;
+        bool disk = false;
+        bool disk_read_only = false;
+        uint64_t disk_bytes = 0;
+        uint64_t disk_budget = 0;
+        size_t disk_entries = 0;
+        size_t disk_queue = 0;
+        uint64_t queue_bytes = 0;
+        uint64_t queue_budget = 0;
+        size_t queue_pending = 0;
+        size_t queue_capacity = 0;
+        size_t lane_tokens = 0;
+        size_t lanes_pending = 0;
+    };
+    MemoryView memory() const;
+    const CacheTelemetry& telemetry() const { return *telemetry_; }
+    uint32_t min_tokens() const { return static_cast<uint32_t>(policy_.min_tokens); }
     // Test hooks.
     cache::ExactStateCache* exact_cache() { return exact_.get(); }
     cache::DiskStore* disk_store() { return disk_.get(); }
@@ -98,6 +146,11 @@ class PrefixCacheStage final : public StageBackend {
     void debug_forget_lanes();
 
   private:
+    // Miss reasons (prefix_cache_restore.cpp): the longest prefix of the prompt the tenant
+    // has anywhere, and why nothing was restored.
+    int32_t diverged_at(const PromptInfo& prompt, const cache::NamespaceId& ns) const;
+    std::string why_missed(const PromptInfo& prompt, const cache::NamespaceId& ns, int32_t limit,
+                           LookupEvent& event) const;
     // The longest head `tokens` shares with what another lane runs or holds (same namespace).
     int32_t shared_head(SeqId lane, const cache::NamespaceId& ns,
                         std::span<const Token> tokens) const;
@@ -233,6 +286,11 @@ class PrefixCacheStage final : public StageBackend {
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
     std::atomic<size_t> lanes_pending_{0};
     std::atomic<bool> forget_lanes_{false};
+    // Namespaces flushed by flush_namespace(), applied to the lanes by the scheduler thread.
+    std::mutex forget_mutex_;
+    std::vector<cache::NamespaceId> forget_namespaces_;
+    std::atomic<bool> forget_namespaces_pending_{false};
+    std::atomic<int> failing_restores_{0};  // SKIPPY_TEST_FAIL_RESTORES
 };
 
 }  // namespace skippy::stage

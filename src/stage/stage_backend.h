@@ -131,6 +131,7 @@ class NoCacheStage final : public StageBackend {
         context.seq_clear(lane);
         Plan p;
         p.decision = CacheDecision::Off;
+        p.miss_reason = "cache_off";
         const auto rule = ExactRule::for_model(context.flash_attn(),
                                                context.model().kind() != runtime::ModelKind::Dense);
         const auto n = static_cast<int32_t>(prompt.tokens.size());

@@ -33,7 +33,7 @@ def conversation(server, turns, system=SYSTEM, max_tokens=8, key=None, think_s=0
         messages.append({"role": "user", "content": user})
         body = h.chat(messages, max_tokens=max_tokens)
         if key:
-            body["prompt_cache_key"] = key
+            body["cache_salt"] = key  # the tenant (prompt_cache_key is only a routing hint)
         status, resp = server.post_json("/v1/chat/completions", body)
         assert status == 200, resp
         reply = resp["choices"][0]["message"]["content"]

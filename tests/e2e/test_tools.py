@@ -337,11 +337,19 @@ class ToolCallTest(unittest.TestCase):
         tool = {"type": "function", "function": {"name": "f", "parameters": schemas[0]}}
         self.post(tool_chat(tools=[tool], tool_choice="auto", max_tokens=2))
 
-    def test_unknown_fields_are_400_naming_them(self):
-        for field, value in [("frobnicate", 1), ("audio", {"voice": "x"}), ("verbosity", "low")]:
+    def test_unsupported_fields_are_400_naming_them(self):
+        # Known fields that would change the output and cannot be honoured: 400 naming them.
+        for field, value in [("audio", {"voice": "x"}), ("verbosity", "low"),
+                             ("functions", []), ("web_search_options", {})]:
             with self.subTest(field=field):
                 err = self.expect_400({"messages": ASK, field: value}, field)
                 self.assertIn(field, err["message"])
+        # A field skippy does not know at all is accepted and named in a response header.
+        status, headers, _ = self.server.request(
+            "POST", "/v1/chat/completions", {"messages": ASK, "max_tokens": 2, "frobnicate": 1})
+        self.assertEqual(status, 200)
+        self.assertIn("frobnicate", {k.lower(): v for k, v in headers.items()}
+                      .get("x-skippy-ignored-fields", ""))
         self.expect_400({"prompt": "x", "echo": True}, "echo", path="/v1/completions")
         self.expect_400({"prompt": "x", "best_of": 3}, "best_of", path="/v1/completions")
         # Fields that cannot change the output are accepted.

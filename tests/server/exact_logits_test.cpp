@@ -1,17 +1,23 @@
 // Exactness, checked bitwise: the logits every token is sampled from are identical with the
 // prefix cache on and off, for dense, hybrid and recurrent models, at several prefix lengths
 // and through every restore path (the lane itself, a stored entry imported in full, the
-// lane's KV plus a stored recurrent checkpoint, the end of a chat turn).
+// lane's KV plus a stored recurrent checkpoint, the end of a chat turn, the disk tier).
+// The Rpc/ instances run the same with the model split over two rpc-servers on loopback
+// (llama.cpp's RPC backend): every layer's KV and recurrent state lives in the servers'
+// buffers, and the cache exports and imports it from there (label rpc).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "rpc_servers.h"
 #include "runtime/model.h"
 #include "server/scheduler.h"
 #include "stage/prefix_cache_stage.h"
@@ -108,6 +114,7 @@ bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::
 struct Case {
     std::string arch;
     bool flash_attn = false;
+    bool rpc = false;  // every layer and the output on two rpc-servers (loopback)
 };
 
 SchedulerOptions options(bool flash_attn) {
@@ -184,7 +191,23 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
     void SetUp() override {
         arch_ = GetParam().arch;
         const SchedulerOptions o = options(GetParam().flash_attn);
-        model_ = runtime::Model::load(skippy::testing::tiny_model(arch_, "exact-logits", 9));
+        runtime::ModelLoadOptions load;
+        if (GetParam().rpc) {
+            const auto& rpc = skippy::testing::loopback_rpc_servers();
+            ASSERT_TRUE(rpc.error.empty()) << rpc.error;
+            load.n_gpu_layers = runtime::kGpuLayersAll;
+            load.devices = rpc.devices;
+            // 1:3 puts layer 0 on the first server and the rest with the output on the second
+            // (llama.cpp's split of the 2 or 4 layers + output).
+            load.tensor_split = {1, 3};
+        }
+        model_ = runtime::Model::load(skippy::testing::tiny_model(arch_, "exact-logits", 9), load);
+        if (GetParam().rpc) {
+            const auto& p = model_->placement();
+            ASSERT_EQ(p.layers.front(), "RPC0") << p.map_text();
+            ASSERT_EQ(p.layers.back(), "RPC1") << p.map_text();
+            ASSERT_EQ(p.output, "RPC1") << p.map_text();
+        }
         // (Models without attention never use flash attention.)
         const bool recurrent = model_->kind() != runtime::ModelKind::Dense;
         rule_ = stage::ExactRule::for_model(
@@ -290,6 +313,49 @@ TEST_P(ExactLogitsTest, EveryRestorePathGivesTheColdLogits) {
             EXPECT_GT(r.stats.cached_tokens, 0);
         }
     }
+}
+
+TEST_P(ExactLogitsTest, ARestoreFromTheDiskTierGivesTheColdLogits) {
+    // A stage records prompts to its disk tier and goes away; a new stage on the same folder
+    // (a restarted server) restores them from disk, with the cold logits.
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("skippy-exact-disk-" + std::to_string(::getpid()) + "-" + arch_ +
+                      (GetParam().flash_attn ? "-fa" : "") + (GetParam().rpc ? "-rpc" : ""));
+    std::filesystem::remove_all(dir);
+    stage::CacheConfig c = cache_config();
+    c.disk = true;
+    c.disk_dir = dir.string();
+    const SchedulerOptions o = options(GetParam().flash_attn);
+    std::mt19937 rng(71);
+    const auto first = random_tokens(rng, 300);
+    auto second = first;
+    const auto extra = random_tokens(rng, 5);
+    second.insert(second.end(), extra.begin(), extra.end());
+    {
+        auto stage = std::make_unique<stage::PrefixCacheStage>(c, *model_, o.context,
+                                                               cache::PayloadKind::KvPages);
+        stage::PrefixCacheStage* raw = stage.get();
+        Scheduler scheduler(*model_, o, std::move(stage));
+        run(scheduler, first, 2);
+        wait_recorded(scheduler, *raw);
+    }  // the stage drains its record queue and its disk writer
+    {
+        auto stage = std::make_unique<stage::PrefixCacheStage>(c, *model_, o.context,
+                                                               cache::PayloadKind::KvPages);
+        Scheduler scheduler(*model_, o, std::move(stage));
+        const Result ref = run(*off_, second, 4);
+        const Result got = run(scheduler, second, 4);
+        EXPECT_EQ(got.tokens, ref.tokens);
+        EXPECT_TRUE(same_bits(got.logits, ref.logits, 4))
+            << "logits differ (cached " << got.stats.cached_tokens << ")";
+        if (can_hit(first.size(), second.size())) {
+            EXPECT_GT(got.stats.cached_tokens, 0);
+            EXPECT_EQ(got.stats.cache_tier, "disk");
+        }
+        std::printf("[exact] %s: restored %d of %zu tokens from %s\n", arch_.c_str(),
+                    got.stats.cached_tokens, second.size(), got.stats.cache_tier.c_str());
+    }
+    std::filesystem::remove_all(dir);
 }
 
 TEST_P(ExactLogitsTest, StoredEntryServesASharedPrefix) {
@@ -600,14 +666,24 @@ TEST_P(ExactLogitsTest, ALaneRestoredFromTheStoreKeepsNoCheckpointOfItsPreviousP
     wait_recorded(one, *one_stage);
 }
 
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+    return info.param.arch + (info.param.flash_attn ? "_fa_on" : "") +
+           (info.param.rpc ? "_rpc" : "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, ExactLogitsTest,
                          ::testing::Values(Case{"llama", false}, Case{"qwen35", false},
                                            Case{"mamba2", false}, Case{"llama", true},
                                            Case{"qwen35", true}, Case{"mamba2", true}),
-                         [](const auto& param_info) {
-                             return param_info.param.arch +
-                                    (param_info.param.flash_attn ? "_fa_on" : "");
-                         });
+                         case_name);
+
+// The three families split over two rpc-servers: flash attention as served by default
+// (on for models with attention), and the dense model without it too (its V cache is then
+// transposed: the export reads it one embedding row at a time).
+INSTANTIATE_TEST_SUITE_P(Rpc, ExactLogitsTest,
+                         ::testing::Values(Case{"llama", true, true}, Case{"qwen35", true, true},
+                                           Case{"mamba2", false, true}, Case{"llama", false, true}),
+                         case_name);
 
 }  // namespace
 }  // namespace skippy::server
