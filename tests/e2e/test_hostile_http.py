@@ -5,6 +5,7 @@ sizes). Every case must end in a clear status or a close within a bound, never a
 crash, and the server must keep serving. Every loop is bounded in count and time; only
 127.0.0.1 is used."""
 import json
+import os
 import resource
 import select
 import socket
@@ -216,7 +217,12 @@ class FloodTest(unittest.TestCase):
         after = rss_kib(self.server.proc.pid)
         print(f"\n  5000 connections opened and dropped in {flood_seconds:.1f} s: RSS "
               f"{baseline / 1024:.1f} -> {after / 1024:.1f} MiB, next chat {seconds * 1000:.0f} ms")
-        self.assertLess(after - baseline, 32 * 1024)
+        # Under ThreadSanitizer (scripts/test's TSan run sets TSAN_OPTIONS) the server's RSS
+        # also holds TSan's shadow memory and allocator caches, which grow with the handler
+        # threads' work (35 MiB seen for these 5000 connections and 1250 logged requests,
+        # against 0.5 MiB in the normal build): a leak shows in the normal build's run.
+        bound_kib = (96 if os.environ.get("TSAN_OPTIONS") else 32) * 1024
+        self.assertLess(after - baseline, bound_kib)
         self.assertGreaterEqual(metric(self.server, "skippy_http_connections_accepted_total"),
                                 5000)
 

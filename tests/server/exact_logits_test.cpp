@@ -115,6 +115,7 @@ struct Case {
     std::string arch;
     bool flash_attn = false;
     bool rpc = false;  // every layer and the output on two rpc-servers (loopback)
+    bool gpu = false;  // every layer and the output on the first GPU (a CUDA build)
 };
 
 SchedulerOptions options(bool flash_attn) {
@@ -192,6 +193,20 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
         arch_ = GetParam().arch;
         const SchedulerOptions o = options(GetParam().flash_attn);
         runtime::ModelLoadOptions load;
+        if (GetParam().gpu) {
+            // A CUDA build on a machine with a GPU (scripts/gpu-check); skipped elsewhere.
+            std::string gpu;
+            for (const auto& d : runtime::available_devices()) {
+                if (gpu.empty() && d.kind != "RPC" && d.kind != "CPU") {
+                    gpu = d.name;
+                }
+            }
+            if (gpu.empty()) {
+                GTEST_SKIP() << "no GPU device in this build";
+            }
+            load.n_gpu_layers = runtime::kGpuLayersAll;
+            load.devices = {gpu};
+        }
         if (GetParam().rpc) {
             const auto& rpc = skippy::testing::loopback_rpc_servers();
             ASSERT_TRUE(rpc.error.empty()) << rpc.error;
@@ -668,7 +683,7 @@ TEST_P(ExactLogitsTest, ALaneRestoredFromTheStoreKeepsNoCheckpointOfItsPreviousP
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
     return info.param.arch + (info.param.flash_attn ? "_fa_on" : "") +
-           (info.param.rpc ? "_rpc" : "");
+           (info.param.rpc ? "_rpc" : "") + (info.param.gpu ? "_gpu" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ExactLogitsTest,
@@ -683,6 +698,15 @@ INSTANTIATE_TEST_SUITE_P(Families, ExactLogitsTest,
 INSTANTIATE_TEST_SUITE_P(Rpc, ExactLogitsTest,
                          ::testing::Values(Case{"llama", true, true}, Case{"qwen35", true, true},
                                            Case{"mamba2", false, true}, Case{"llama", false, true}),
+                         case_name);
+
+// The three families with every layer on a GPU (scripts/gpu-check runs them in a CUDA build;
+// skipped where no GPU device exists, as in the CPU build CI uses).
+INSTANTIATE_TEST_SUITE_P(Gpu, ExactLogitsTest,
+                         ::testing::Values(Case{"llama", true, false, true},
+                                           Case{"llama", false, false, true},
+                                           Case{"qwen35", true, false, true},
+                                           Case{"mamba2", false, false, true}),
                          case_name);
 
 }  // namespace
