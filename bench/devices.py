@@ -45,7 +45,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -952,17 +951,5 @@ def main(argv):
     return 0
 
 
-def _on_signal(signum, _frame):
-    raise SystemExit(128 + signum)
-
-
 if __name__ == "__main__":
-    import atexit
-    atexit.register(servers.stop_all)
-    atexit.register(stop_rpc_all)
-    signal.signal(signal.SIGTERM, _on_signal)
-    try:
-        sys.exit(main(sys.argv[1:]))
-    finally:
-        servers.stop_all()
-        stop_rpc_all()
+    servers.run_main(main, sys.argv[1:], cleanups=(stop_rpc_all,))

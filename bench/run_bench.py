@@ -16,7 +16,6 @@ import os
 import platform
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -390,15 +389,5 @@ def main(argv):
     return 0
 
 
-def _on_signal(signum, _frame):
-    raise SystemExit(128 + signum)
-
-
 if __name__ == "__main__":
-    import atexit
-    atexit.register(servers.stop_all)
-    signal.signal(signal.SIGTERM, _on_signal)
-    try:
-        sys.exit(main(sys.argv[1:]))
-    finally:
-        servers.stop_all()
+    servers.run_main(main, sys.argv[1:])

@@ -433,3 +433,27 @@ def _read_stats(chunk, out):
             out.llama_cache_n = timings["cache_n"]
             if out.cached_tokens is None:
                 out.cached_tokens = timings["cache_n"]
+
+
+def run_main(main, argv, cleanups=()):
+    """A benchmark script's entry point: runs main(argv) and exits with its status, stopping
+    every server it started (and running `cleanups`) however it ends: normally, on an
+    exception, on SIGTERM or at interpreter exit."""
+    import atexit
+    import signal
+    import sys
+
+    def stop():
+        stop_all()
+        for cleanup in cleanups:
+            cleanup()
+
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    atexit.register(stop)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        sys.exit(main(argv))
+    finally:
+        stop()
