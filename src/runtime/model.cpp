@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -120,6 +121,24 @@ void ensure_backend_initialized() {
 
 bool silent_load_progress(float /*progress*/, void* /*user_data*/) { return true; }
 
+namespace {
+
+// Model load progress on the terminal (stderr is a TTY): one line rewritten in place, every
+// 5 %; nothing when stderr is a file or a pipe (logs and tests read whole lines).
+bool terminal_load_progress(float progress, void* user_data) {
+    auto* last = static_cast<int*>(user_data);
+    const int percent = static_cast<int>(progress * 100.0f);
+    if (percent >= *last + 5 || (percent == 100 && *last != 100)) {
+        *last = percent;
+        std::fprintf(stderr, "\rskippy: loading model %3d%%%s", percent,
+                     percent == 100 ? "\n" : "");
+        std::fflush(stderr);
+    }
+    return true;
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptions& options) {
     ensure_backend_initialized();
     std::unique_ptr<Model> model(new Model());
@@ -149,6 +168,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptio
     params.tensor_split = split_arg.data();
     if (!options.use_mmap) {
         params.load_mode = LLAMA_LOAD_MODE_NONE;
+    }
+    int last_percent = -5;
+    if (::isatty(STDERR_FILENO) != 0) {
+        params.progress_callback = terminal_load_progress;
+        params.progress_callback_user_data = &last_percent;
     }
     model->model_ = llama_model_load_from_file(path.c_str(), params);
     if (model->model_ == nullptr) {
