@@ -695,20 +695,7 @@ std::optional<GhostMatch> DiskStore::forgotten_longest(const NamespaceId& ns,
 size_t DiskStore::longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
                                     size_t max_namespaces) const {
     std::lock_guard lock(mu_);
-    size_t best = 0;
-    size_t visited = 0;
-    for (const NamespaceId& other : index_.namespaces()) {
-        if (other == ns) {
-            continue;
-        }
-        if (visited++ == max_namespaces) {
-            break;
-        }
-        if (auto m = index_.peek_exact(other, query, PrefixMatch::Common)) {
-            best = std::max(best, m->matched_len);
-        }
-    }
-    return best;
+    return index_.longest_elsewhere(ns, query, max_namespaces);
 }
 
 std::vector<DiskStore::DebugEntry> DiskStore::debug_entries() const {

@@ -670,6 +670,24 @@ std::vector<NamespaceId> RadixIndex::namespaces() const {
     return out;
 }
 
+size_t RadixIndex::longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
+                                     size_t max_namespaces) const {
+    size_t best = 0;
+    size_t visited = 0;
+    for (const auto& [other, tree] : trees_) {
+        if (other == ns) {
+            continue;
+        }
+        if (visited++ == max_namespaces) {
+            break;
+        }
+        if (auto m = peek_exact(other, query, PrefixMatch::Common)) {
+            best = std::max(best, m->matched_len);
+        }
+    }
+    return best;
+}
+
 size_t RadixIndex::size(ComponentKind kind) const { return count_[kind_index(kind)]; }
 
 size_t RadixIndex::leased_count(ComponentKind kind) const {

@@ -183,6 +183,11 @@ class RadixIndex final : public LeaseOwner {
     size_t namespace_count() const { return trees_.size(); }
     // The namespaces that have (or had) a tree, in no particular order.
     std::vector<NamespaceId> namespaces() const;
+    // The longest prefix of `query` stored in a namespace other than `ns` (PrefixMatch::Common),
+    // looking at `max_namespaces` of them at most: whether another tenant has the prompt
+    // (a miss reason; never reveals which tokens).
+    size_t longest_elsewhere(const NamespaceId& ns, std::span<const Token> query,
+                             size_t max_namespaces) const;
     size_t node_count() const;
     // Tokens on all stored paths, each shared prefix counted once (sum of edge lengths).
     size_t distinct_token_count() const;
