@@ -439,28 +439,36 @@ bool DevicePlacement::cpu_only() const {
     return true;
 }
 
+namespace {
+
+// Each name of a '+'-joined list ("RPC0+CPU") replaced by its value in `names_to`, when it
+// has one.
+std::string rename_each(const std::string& names,
+                        const std::map<std::string, std::string>& names_to) {
+    std::string out;
+    size_t start = 0;
+    while (start <= names.size()) {
+        const size_t end = names.find('+', start);
+        const std::string name = names.substr(start, end == std::string::npos ? end : end - start);
+        const auto it = names_to.find(name);
+        out += (out.empty() ? "" : "+") + (it != names_to.end() ? it->second : name);
+        if (end == std::string::npos) {
+            break;
+        }
+        start = end + 1;
+    }
+    return out;
+}
+
+}  // namespace
+
 std::string DevicePlacement::map_text() const {
     std::map<std::string, std::string> labels;
     for (const auto& d : devices) {
         labels[d.name] = d.label();
     }
-    auto label = [&](const std::string& names) {
-        // "RPC0+CPU" -> "RPC0[127.0.0.1:50052]+CPU"
-        std::string out;
-        size_t start = 0;
-        while (start <= names.size()) {
-            const size_t end = names.find('+', start);
-            const std::string name =
-                names.substr(start, end == std::string::npos ? end : end - start);
-            const auto it = labels.find(name);
-            out += (out.empty() ? "" : "+") + (it != labels.end() ? it->second : name);
-            if (end == std::string::npos) {
-                break;
-            }
-            start = end + 1;
-        }
-        return out;
-    };
+    // "RPC0+CPU" -> "RPC0[127.0.0.1:50052]+CPU"
+    auto label = [&](const std::string& names) { return rename_each(names, labels); };
     std::string out = "layers ";
     for (size_t i = 0; i < layers.size();) {
         size_t j = i;
@@ -491,22 +499,7 @@ std::string DevicePlacement::identity() const {
             kinds += "(" + d.description + ")";  // a GPU's model; an rpc-server's is its address
         }
     }
-    auto as_tag = [&](const std::string& names) {
-        std::string out;
-        size_t start = 0;
-        while (start <= names.size()) {
-            const size_t end = names.find('+', start);
-            const std::string name =
-                names.substr(start, end == std::string::npos ? end : end - start);
-            const auto it = tag.find(name);
-            out += (out.empty() ? "" : "+") + (it != tag.end() ? it->second : name);
-            if (end == std::string::npos) {
-                break;
-            }
-            start = end + 1;
-        }
-        return out;
-    };
+    auto as_tag = [&](const std::string& names) { return rename_each(names, tag); };
     std::string out = std::string("split=") + split_mode_name(split_mode) + " layers=";
     for (size_t i = 0; i < layers.size();) {
         size_t j = i;
