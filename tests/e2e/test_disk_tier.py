@@ -20,6 +20,34 @@ def disk_server(model, folder, *extra):
     return h.Server(model, *FLAGS, "--cache-disk", "on", "--cache-dir", folder, *extra)
 
 
+def corrupt_blocks(folder):
+    """Flips one byte in the middle of every stored block file of a disk tier under
+    `folder`; returns how many were changed."""
+    flipped = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if "blocks" in root and os.path.getsize(path) > 64:
+                with open(path, "r+b") as f:
+                    f.seek(os.path.getsize(path) // 2)
+                    byte = f.read(1)
+                    f.seek(-1, 1)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+                flipped += 1
+    return flipped
+
+
+def resume_turn(server, reference, turn):
+    """Posts turn `turn` of the USER_TURNS conversation whose earlier replies are those of
+    `reference` (conversation()'s result); returns (status, response)."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for user, (_, _, reply) in zip(USER_TURNS[:turn], reference[:turn]):
+        messages += [{"role": "user", "content": user},
+                     {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": USER_TURNS[turn]})
+    return server.post_json("/v1/chat/completions", h.chat(messages, max_tokens=8))
+
+
 def wait_for_disk(server, entries, timeout=30):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -46,13 +74,7 @@ class RestartTest(unittest.TestCase):
             # serves the conversation's fourth turn from disk.
             with disk_server(model, folder) as second:
                 self.assertIn("entries, reconciled in", "".join(second.log_lines))
-                messages = [{"role": "system", "content": SYSTEM}]
-                for user, (_, _, reply) in zip(USER_TURNS[:3], reference[:3]):
-                    messages += [{"role": "user", "content": user},
-                                 {"role": "assistant", "content": reply}]
-                messages.append({"role": "user", "content": USER_TURNS[3]})
-                status, resp = second.post_json("/v1/chat/completions",
-                                                h.chat(messages, max_tokens=8))
+                status, resp = resume_turn(second, reference, 3)
                 self.assertEqual(status, 200, resp)
                 self.assertEqual(resp["skippy"]["completion_token_ids"], reference[3][0])
                 cached = resp["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -140,18 +162,7 @@ class FolderTest(unittest.TestCase):
         try:
             with disk_server(model, folder) as first:
                 conversation(first, USER_TURNS[:2])
-            flipped = 0
-            for root, _, files in os.walk(folder):
-                for name in files:
-                    path = os.path.join(root, name)
-                    if "blocks" in root and os.path.getsize(path) > 64:
-                        with open(path, "r+b") as f:
-                            f.seek(os.path.getsize(path) // 2)
-                            byte = f.read(1)
-                            f.seek(-1, 1)
-                            f.write(bytes([byte[0] ^ 0xFF]))
-                        flipped += 1
-            self.assertGreater(flipped, 0)
+            self.assertGreater(corrupt_blocks(folder), 0)
             with disk_server(model, folder) as second:
                 got = conversation(second, USER_TURNS[:2])
                 self.assertEqual([t[0] for t in got], [t[0] for t in reference])

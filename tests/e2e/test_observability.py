@@ -5,7 +5,6 @@ Prometheus parser (Debian's python3-prometheus-client); token-weighted accountin
 cache inspection endpoints (GET/DELETE /v1/cache, /v1/cache/requests, /v1/cache/stats, the
 SSE stream /v1/cache/events) with and without per-key tenants."""
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -14,6 +13,7 @@ import unittest
 import urllib.request
 
 import skippy_harness as h
+from test_disk_tier import corrupt_blocks
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
@@ -120,18 +120,7 @@ class MissReasons(unittest.TestCase):
             with h.Server(h.model_path("llama"), *args, env=env) as first:
                 ask(first, LONG_A)
                 first.wait_settled()
-            flipped = 0
-            for root, _, files in os.walk(folder):
-                for name in files:
-                    path = os.path.join(root, name)
-                    if "blocks" in root and os.path.getsize(path) > 64:
-                        with open(path, "r+b") as f:
-                            f.seek(os.path.getsize(path) // 2)
-                            byte = f.read(1)
-                            f.seek(-1, 1)
-                            f.write(bytes([byte[0] ^ 0xFF]))
-                        flipped += 1
-            self.assertGreater(flipped, 0)
+            self.assertGreater(corrupt_blocks(folder), 0)
             with h.Server(h.model_path("llama"), *args, env=env) as second:
                 self.check_reason(second, ask(second, LONG_A), "quarantined", tier="disk")
         finally:

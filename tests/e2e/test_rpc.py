@@ -14,8 +14,8 @@ import time
 import unittest
 
 import skippy_harness as h
-from test_disk_tier import wait_for_disk
-from test_prefix_cache import SYSTEM, USER_TURNS, conversation
+from test_disk_tier import resume_turn, wait_for_disk
+from test_prefix_cache import USER_TURNS, conversation
 
 RPC_SERVER = os.environ.get("SKIPPY_RPC_SERVER", "")
 FLAGS = ["--cache-min-tokens", "16", "--lanes", "2", "--ctx-size", "4096",
@@ -122,13 +122,7 @@ class RpcTest(unittest.TestCase):
             servers = [RpcServer(), RpcServer()]
             with h.Server(model, "--cache-disk", "on", "--cache-dir", folder, *FLAGS,
                           *rpc_server_flags(servers)) as second:
-                messages = [{"role": "system", "content": SYSTEM}]
-                for user, (_, _, reply) in zip(USER_TURNS[:2], reference[:2]):
-                    messages += [{"role": "user", "content": user},
-                                 {"role": "assistant", "content": reply}]
-                messages.append({"role": "user", "content": USER_TURNS[2]})
-                status, resp = second.post_json("/v1/chat/completions",
-                                                h.chat(messages, max_tokens=8))
+                status, resp = resume_turn(second, reference, 2)
                 self.assertEqual(status, 200, resp)
                 self.assertEqual(resp["skippy"]["completion_token_ids"], reference[2][0])
                 cached = resp["usage"]["prompt_tokens_details"]["cached_tokens"]
