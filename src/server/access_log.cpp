@@ -73,40 +73,32 @@ std::string fixed(double value) {
     return text;
 }
 
-// The error code of a response: the one the handler noted, else the body's ("error":
-// {"code": "..."}), else the status's default.
-std::string error_code_of(const AccessRecord& record, const httplib::Response& res) {
-    if (!record.error_code.empty()) {
-        return record.error_code;
-    }
+// The error of a refused response, from its OpenAI- or Anthropic-shaped body ("error":
+// {"code", "message"}), parsed once: the code the handler noted, else the body's, else the
+// status's default; the message (a prefix) says which field a refused request named.
+void read_error(AccessRecord& record, const httplib::Response& res) {
     const json body = json::parse(res.body, nullptr, false);
+    const json* error = nullptr;
     if (body.is_object()) {
-        const auto error = body.find("error");
-        if (error != body.end() && error->is_object()) {
-            const auto code = error->find("code");
-            if (code != error->end() && code->is_string() && !code->get<std::string>().empty()) {
-                return code->get<std::string>();
-            }
+        const auto it = body.find("error");
+        if (it != body.end() && it->is_object()) {
+            error = &*it;
         }
     }
-    return default_error_code(res.status);
-}
-
-// The error message of an OpenAI- or Anthropic-shaped body ("error": {"message": ...}): the
-// log says which field a refused request named.
-std::string error_message_of(const httplib::Response& res) {
-    const json body = json::parse(res.body, nullptr, false);
-    if (!body.is_object()) {
-        return "";
+    auto text = [&](const char* key) {
+        if (error == nullptr) {
+            return std::string();
+        }
+        const auto it = error->find(key);
+        return it != error->end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    if (record.error_code.empty()) {
+        record.error_code = text("code");
     }
-    const auto error = body.find("error");
-    if (error == body.end() || !error->is_object()) {
-        return "";
+    if (record.error_code.empty()) {
+        record.error_code = default_error_code(res.status);
     }
-    const auto message = error->find("message");
-    return message != error->end() && message->is_string()
-               ? utf8_prefix(message->get<std::string>(), 200)
-               : "";
+    record.error_message = utf8_prefix(text("message"), 200);
 }
 
 std::string utc_now() {
@@ -166,8 +158,7 @@ void AccessLog::response_ready(const httplib::Request& req, httplib::Response& r
     record->status = res.status;
     record->start = req.start_time_;
     if (res.status >= 400) {
-        record->error_code = error_code_of(*record, res);
-        record->error_message = error_message_of(res);
+        read_error(*record, res);
     }
     if (!record->streamed) {
         finish(*record);
