@@ -67,6 +67,14 @@ ExactStateCache::ExactStateCache(ExactStateCacheOptions options)
 
 ExactStateCache::~ExactStateCache() = default;
 
+void ExactStateCache::notify(EntryChange::Kind kind, EntryChange::Cause cause,
+                             const NamespaceId& ns, std::span<const Token> tokens,
+                             PageId page) const {
+    if (options_.on_change) {
+        options_.on_change(EntryChange{kind, cause, ns, tokens, page});
+    }
+}
+
 bool ExactStateCache::over_limits() const {
     return records_.size() > options_.limits.max_entries ||
            store_.stats().physical_bytes > options_.limits.max_physical_bytes;
@@ -159,7 +167,23 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         result.status = ExactInsertStatus::Leased;
         return result;
     }
+    // Removals this insert causes, reported after its own Added (entry_change.h).
+    struct Gone {
+        EntryChange::Cause cause;
+        NamespaceId ns;
+        std::vector<Token> tokens;  // empty: the inserted path
+        PageId page;
+    };
+    std::vector<Gone> gone;
+    const auto report_gone = [&] {
+        for (const Gone& g : gone) {
+            notify(EntryChange::Kind::Removed, g.cause, g.ns,
+                   g.tokens.empty() ? tokens : std::span<const Token>(g.tokens), g.page);
+        }
+    };
     if (placed.replaced) {
+        gone.push_back({EntryChange::Cause::Replaced, ns, {},
+                        records_.at(placed.replaced->entry).page});
         free_record(placed.replaced->entry);
         result.status = ExactInsertStatus::Replaced;
     }
@@ -172,15 +196,22 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         free_record(placed.entry);
         ++counters_.rejected;
         result.status = ExactInsertStatus::NoCapacity;
+        report_gone();
         return result;
     }
     while (over_limits()) {
+        std::vector<Token> victim_tokens;
         if (auto next = index_.lru_victim(ComponentKind::Exact, placed.entry)) {
-            ghosts_.add(next->ns, index_.tokens_of(next->entry), GhostCause::Evicted);
+            victim_tokens = index_.tokens_of(next->entry);
+            ghosts_.add(next->ns, victim_tokens, GhostCause::Evicted);
         }
         auto victim = index_.evict_lru(ComponentKind::Exact, placed.entry);
         if (!victim) {
             break;
+        }
+        if (options_.on_change && victim_tokens.size() == victim->token_count) {
+            gone.push_back({EntryChange::Cause::Evicted, victim->ns, std::move(victim_tokens),
+                            records_.at(victim->entry).page});
         }
         result.evicted.push_back(records_.at(victim->entry).page);
         free_record(victim->entry);
@@ -191,9 +222,12 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         free_record(placed.entry);
         ++counters_.rejected;
         result.status = ExactInsertStatus::NoCapacity;
+        report_gone();
         return result;
     }
     ++counters_.inserts;
+    notify(EntryChange::Kind::Added, EntryChange::Cause::Inserted, ns, tokens, page);
+    report_gone();
     result.snapshot = store_.snapshot(records_.at(placed.entry).payload);
     return result;
 }
@@ -312,7 +346,9 @@ QuarantineStatus ExactStateCache::quarantine_locked(EntryId id, PageId page) {
         return QuarantineStatus::PageMismatch;
     }
     if (auto info = index_.info(id)) {
-        ghosts_.add(info->ns, index_.tokens_of(id), GhostCause::Quarantined);
+        const std::vector<Token> path = index_.tokens_of(id);
+        ghosts_.add(info->ns, path, GhostCause::Quarantined);
+        notify(EntryChange::Kind::Removed, EntryChange::Cause::Quarantined, info->ns, path, page);
     }
     RemoveResult r = index_.remove(id, LeasedRemoval::Defer);
     ++counters_.quarantined;
@@ -399,6 +435,14 @@ std::vector<ExactEntrySummary> ExactStateCache::list_entries(const NamespaceId* 
 
 size_t ExactStateCache::remove_namespace(const NamespaceId& ns) {
     std::lock_guard lock(mu_);
+    if (options_.on_change) {
+        for (const EntryInfo& info : index_.entries(ComponentKind::Exact)) {
+            if (!info.doomed && info.ns == ns) {
+                notify(EntryChange::Kind::Removed, EntryChange::Cause::NamespaceRemoved, ns,
+                       index_.tokens_of(info.entry), records_.at(info.entry).page);
+            }
+        }
+    }
     RemoveIfResult r = index_.remove_if(
         ComponentKind::Exact, [&](const EntryInfo& info) { return info.ns == ns; },
         LeasedRemoval::Defer);

@@ -30,6 +30,12 @@
 // fit, the insert is undone and reports NoCapacity (an unleased entry it replaced at the
 // same path is gone by then). Quarantine of a leased entry hides it from lookups at once
 // and frees its blocks when the last lease is released.
+//
+// Observer (options.on_change, entry_change.h): called synchronously with the cache mutex
+// held, from insert(), quarantine() and remove_namespace(), once per entry that became
+// visible or stopped being visible. It must not call back into the cache and must only
+// copy what it needs and enqueue it (no I/O, no waiting). Lock order: cache mutex, then the
+// observer's queue mutex; whoever owns that queue never calls the cache while holding it.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +48,7 @@
 #include <vector>
 
 #include "cache/block_store.h"
+#include "cache/entry_change.h"
 #include "cache/lease.h"
 #include "cache/namespace_id.h"
 #include "cache/page_id.h"
@@ -60,6 +67,7 @@ struct ExactStateLimits {
 struct ExactStateCacheOptions {
     ExactStateLimits limits;
     BlockStoreOptions blocks;
+    EntryObserver on_change;  // optional; see "Observer" above
 };
 
 // Answer of a non-blocking question.
@@ -225,6 +233,8 @@ class ExactStateCache final : public LeaseOwner {
 
     bool over_limits() const;
     bool fits_after_evicting_all(EntryId keep) const;
+    void notify(EntryChange::Kind kind, EntryChange::Cause cause, const NamespaceId& ns,
+                std::span<const Token> tokens, PageId page) const;
     void free_record(EntryId entry);
     QuarantineStatus quarantine_locked(EntryId id, PageId page);
     std::optional<ExactHit> acquire_locked(EntryId entry, size_t len, size_t stored_len);
