@@ -22,8 +22,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_lib import (config, models, plots, prompts, report, servers,  # noqa: E402
-                       summary, table, workloads)
+from bench_lib import (config, memory, models, plots, prompts, report,  # noqa: E402
+                       servers, summary, table, workloads)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,11 +55,12 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true",
                    help="smoke run: tiny models, few reps (= --profile quick)")
     p.add_argument("--profile", choices=list(config.PROFILES), default=None,
-                   help="full (default), quick, or realistic: Llama-3.2-1B- and "
-                        "Qwen3.5-0.8B-shaped f16 models, fewer reps, only when asked for")
+                   help="full (default), quick, or realistic: Llama-3.2-1B-shaped (Q4_K_M "
+                        "and Q8_0), Qwen3.5-0.8B-shaped and Mamba2-370m-shaped (Q8_0) "
+                        "models, fewer reps, only when asked for")
     p.add_argument("--models", default=None,
                    help="comma list of the profile's models (default: all of them; full and "
-                        "quick: llama,qwen35,mamba2, realistic: llama,qwen35)")
+                        "quick: llama,qwen35,mamba2, realistic: llama,llama-q8,qwen35,mamba2)")
     p.add_argument("--workloads", default=",".join(config.WORKLOADS),
                    help="comma list of " + ",".join(config.WORKLOADS) + " (default: all)")
     p.add_argument("--skippy", default=None,
@@ -309,6 +310,11 @@ def main(argv):
         "warnings": [],
     }
 
+    # The warm path's restores are compared with this machine's memcpy bandwidth, measured
+    # here, in the same run, before any server starts.
+    results["meta"]["memcpy"] = memory.memcpy_bandwidth()
+    log(f"memcpy bandwidth: {results['meta']['memcpy']['gb_per_s']:.2f} GB/s "
+        f"({results['meta']['memcpy']['method']})")
     log(f"skippy bench ({profile_name}): models {','.join(args.models)}; workloads "
         f"{','.join(args.workloads)}; {profile['rounds']} rounds; results -> {args.out_dir}")
     model_paths = {}
@@ -317,7 +323,8 @@ def main(argv):
         path, command, reused = models.ensure_model(args.skippy, args.model_cache,
                                                     profile_name, name, spec)
         model_paths[name] = path
-        results["models"][name] = {"family": config.FAMILY[name], "path": path,
+        results["models"][name] = {"family": config.FAMILY[name],
+                                   "column": config.column(name), "path": path,
                                    "command": command, "params": None, "workloads": {}}
         log(f"model {name}: {'reused' if reused else 'made'} {path}")
 

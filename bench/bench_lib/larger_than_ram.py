@@ -3,8 +3,12 @@
 zipf-like order, so that most revisits find their history evicted from RAM.
 
 Variants: skippy with its disk tier (default), skippy RAM only (`--cache-disk off`), both
-with the same small RAM budget, and llama-server with its defaults (its `--cache-ram` host
-cache, 8 GiB by default, holds the whole working set). The budget comes from a calibration
+with the same small RAM budget, llama-server with its defaults (its `--cache-ram` host
+cache, 8 GiB by default, holds the whole working set) and llama-server-equal: llama-server
+with `--cache-ram` set to skippy's RAM budget in MiB, rounded up (equal memory: both
+budgets bound the host copies of cached states; llama-server's counts whole slot states
+with their checkpoints, skippy's the deduplicated blocks plus 1/8 for queued captures). The
+budget comes from a calibration
 (once per model, not measured): an unmeasured skippy serves two visits of one conversation;
 its /metrics give the bytes a conversation adds per visit and its events log the size of
 the lane captures (skippy keeps 1/8 of --cache-max-bytes for queued captures, so the budget
@@ -91,11 +95,19 @@ class LargerThanRam(Workload):
             out += self.turns[(c, k)]
         return out
 
+    def llama_cache_ram_mib(self):
+        """skippy's RAM budget in MiB, rounded up: llama-server-equal's --cache-ram."""
+        return -(-self.ram_bytes // (1 << 20)) if self.ram_bytes else None
+
     def variants(self):
         budget = ("--cache-max-bytes", str(self.ram_bytes)) if self.ram_bytes else ()
-        return [Variant("skippy", "skippy", 1, extra=budget),
-                Variant("skippy-ram", "skippy", 1, extra=budget + ("--cache-disk", "off")),
-                Variant("llama-server", "llama", 1)]
+        out = [Variant("skippy", "skippy", 1, extra=budget),
+               Variant("skippy-ram", "skippy", 1, extra=budget + ("--cache-disk", "off")),
+               Variant("llama-server", "llama", 1)]
+        if self.ram_bytes:  # no calibrated budget (calibration failed): nothing to equal
+            out.append(Variant("llama-server-equal", "llama", 1,
+                               extra=("--cache-ram", str(self.llama_cache_ram_mib()))))
+        return out
 
     # ----------------------------------------------------------------------------------
     # calibration (workloads.measure calls it once per model, before the first round)
@@ -174,6 +186,8 @@ class LargerThanRam(Workload):
         disk_bytes = max([b for b in disk_bytes if b] or [0]) or None
         return {"by_group": summary, "ratios": add_ratios(summary),
                 "ratios_vs_ram": add_ratios(summary, "skippy", "skippy-ram"),
+                "ratios_vs_llama_equal": add_ratios(summary, "skippy", "llama-server-equal"),
+                "llama_cache_ram_mib": self.llama_cache_ram_mib(),
                 "headline": headline(runs, revisit), "headline_note": "revisits",
                 "hit_rates": {v: hit_stats(rs) for v, rs in by_variant.items()},
                 "ram_bytes": self.ram_bytes, "calibration": self.calibration,

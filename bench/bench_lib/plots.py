@@ -129,14 +129,20 @@ def draw(results, out_dir):
     ltr = {n: m for n, m in models.items() if _workload(m, "larger_than_ram")}
     if ltr:
         fig, ax = plt.subplots(figsize=(7, 4))
-        variants = ["skippy", "skippy-ram", "llama-server"]
+        present = {v for m in ltr.values()
+                   for v in _workload(m, "larger_than_ram")["summary"]["by_group"]}
+        variants = [v for v in ("skippy", "skippy-ram", "llama-server", "llama-server-equal")
+                    if v in present or v != "llama-server-equal"]
         width = 0.8 / len(variants)
         for k, variant in enumerate(variants):
             vals = [(_workload(m, "larger_than_ram")["summary"]["by_group"].get(variant, {})
                      .get("revisit", {}).get("ttft_p50_ms") or 0.0) for m in ltr.values()]
             xs = [i + (k - (len(variants) - 1) / 2) * width for i in range(len(ltr))]
             bars = ax.bar(xs, vals, width, label={"skippy": "skippy (disk tier)",
-                                                  "skippy-ram": "skippy RAM only"}.get(variant,
+                                                  "skippy-ram": "skippy RAM only",
+                                                  "llama-server-equal":
+                                                      "llama-server, equal --cache-ram"}.get(
+                                                          variant,
                                                                                         variant))
             for bar, v in zip(bars, vals):
                 if v:

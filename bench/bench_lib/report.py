@@ -1,7 +1,7 @@
 """Results output: the JSON file and the Markdown report (the PNGs are drawn by plots.py)."""
 import json
 
-from . import stats, table
+from . import memory, stats, table, warm_path
 
 RATIO_NOTE = ("Ratios are skippy / llama-server (for the cold path also skippy / skippy-off): "
               "below 1.00 skippy is faster, above 1.00 slower.")
@@ -88,6 +88,7 @@ def markdown(results, plots):
            f"- skippy: `{meta['skippy']}` ({meta['skippy_note']})",
            f"- llama-server: `{meta['llama_server']}` ({meta['llama_version']})",
            f"- repo: {meta['git']}",
+           f"- memcpy: {_memcpy_line(meta.get('memcpy'))}",
            f"- command: `{meta['command']}`\n",
            RATIO_NOTE + "\n"]
     if results.get("summary"):
@@ -166,6 +167,8 @@ def markdown(results, plots):
     out += _cold_section(results)
     out += _restart_section(results)
     out += _larger_than_ram_section(results, plots)
+    out += _memory_section(results)
+    out += _warm_path_section(results)
     out += _cache_metrics_section(results)
     return "\n".join(out) + "\n"
 
@@ -379,7 +382,9 @@ def _larger_than_ram_section(results, plots):
            "Many conversations (distinct prefixes) whose cached state totals ~10x skippy's RAM "
            "budget (`--cache-max-bytes`, calibrated per model), each visited once, then "
            "revisited in a shuffled zipf-like order. `skippy`: disk tier on; `skippy-ram`: "
-           "`--cache-disk off`, same budget; llama-server: its defaults (`--cache-ram`). "
+           "`--cache-disk off`, same budget; llama-server: its defaults (`--cache-ram` 8 GiB, "
+           "which holds the whole working set); llama-server-equal: `--cache-ram` = skippy's "
+           "RAM budget in MiB, rounded up (equal memory). "
            "TTFT and hit rates over the revisits; hit rate = cached / prompt tokens; "
            "disk / RAM = share of revisits whose hit came from that tier.\n"]
     rows = []
@@ -391,6 +396,7 @@ def _larger_than_ram_section(results, plots):
         g, hits = s["by_group"], s.get("hit_rates", {})
         ram = g.get("skippy-ram", {}).get("revisit", {})
         llama = g.get("llama-server", {}).get("revisit", {})
+        equal = g.get("llama-server-equal", {}).get("revisit", {})
         for variant, groups in g.items():
             a, h = groups.get("revisit", {}), hits.get(variant, {})
             share = lambda k: "–" if h.get(k) is None else f"{h[k]:.0%}"  # noqa: E731
@@ -399,18 +405,94 @@ def _larger_than_ram_section(results, plots):
                          _ms(groups.get("first", {}).get("ttft_p50_ms")),
                          _x(h.get("token_hit_rate")), share("disk_share"), share("ram_share"),
                          _x(stats.ratio(a.get("ttft_p50_ms"), ram.get("ttft_p50_ms"))),
-                         _x(stats.ratio(a.get("ttft_p50_ms"), llama.get("ttft_p50_ms")))])
+                         _x(stats.ratio(a.get("ttft_p50_ms"), llama.get("ttft_p50_ms"))),
+                         _x(stats.ratio(a.get("ttft_p50_ms"), equal.get("ttft_p50_ms")))])
+        mib = s.get("llama_cache_ram_mib")
         rows.append([name, "(sizes)", "", "", "", "", "", "", "",
                      f"RAM {_bytes(s.get('ram_bytes'))}",
                      f"working set {_bytes(s.get('working_set_bytes'))} "
-                     f"({_x(s.get('working_set_ratio'))}x)"])
+                     f"({_x(s.get('working_set_ratio'))}x)",
+                     f"--cache-ram {mib} MiB" if mib else ""])
     if not rows:
         return []
     out.append(_table(["model", "server", "n", "revisit TTFT p50 ms", "p90", "first visit p50",
-                       "hit rate", "disk", "RAM", "/ skippy-ram", "/ llama-server"], rows))
+                       "hit rate", "disk", "RAM", "/ skippy-ram", "/ llama-server",
+                       "/ llama-server-equal"], rows))
     if plots.get("larger_than_ram"):
         out.append(f"![larger than RAM]({plots['larger_than_ram']})\n")
     return out
+
+
+def _memory_section(results):
+    rows = []
+    for name, m in results["models"].items():
+        for wname, by_variant in memory.model_memory(m).items():
+            base = (by_variant.get("llama-server") or {}).get("peak_rss_mib")
+            for variant, r in by_variant.items():
+                per_token = lambda k: _n(r.get(k))  # noqa: E731
+                rows.append([name, wname, variant, r["runs"], _n(r.get("peak_rss_mib")),
+                             _n(r.get("rss_anon_mib")), _n(r.get("rss_file_mib")),
+                             _x(stats.ratio(r.get("peak_rss_mib"), base)),
+                             per_token("ram_bytes_per_token_physical"),
+                             per_token("ram_bytes_per_token_logical"),
+                             per_token("disk_bytes_per_token"),
+                             _n(r.get("ram_entries")), _n(r.get("ram_tokens"))])
+    if not rows:
+        return []
+    return ["## 8. Memory\n",
+            "Per workload and server, medians over its runs: peak RSS (`VmHWM` of "
+            "/proc/PID/status, read before the server stops), and at the end of the run "
+            "`RssAnon` (heap: KV cells, compute buffers, host caches) and `RssFile` (the "
+            "mmapped model). For skippy, the bytes its RAM tier holds per cached token: "
+            "`skippy_cache_physical_bytes` (deduplicated blocks) and "
+            "`skippy_cache_logical_bytes` (what the entries reference) divided by the tokens "
+            "of its RAM entries (`GET /v1/cache`; entries sharing a prefix each count it, so "
+            "dedupe shows as physical < logical); the disk tier's bytes per token of its "
+            "entries likewise. llama-server keeps whole slot states per cached prompt "
+            "(`--cache-ram`); its bytes per token are not exported.\n",
+            _table(["model", "workload", "server", "runs", "peak RSS MiB", "RssAnon MiB",
+                    "RssFile MiB", "peak / llama-server", "RAM B/token phys",
+                    "RAM B/token logical", "disk B/token", "RAM entries",
+                    "RAM entry tokens"], rows)]
+
+
+def _warm_path_section(results):
+    rows = []
+    for name, m in results["models"].items():
+        for wname, tiers in warm_path.model_warm_path(m).items():
+            for tier, r in sorted(tiers.items()):
+                gbs = r.get("import_gb_per_s")
+                rows.append([name, wname, tier, r["n"], _ms(r["ttft_p50_ms"])] +
+                            [_ms2(r[f"{p}_ms"]) for p in warm_path.PARTS] +
+                            [_n(r["restored_tokens"]), _n(r["suffix_tokens"]),
+                             _bytes(r["bytes_p50"]) if r["bytes_p50"] else "0",
+                             "–" if gbs is None else f"{gbs:.2f}"])
+    if not rows:
+        return []
+    mc = results.get("meta", {}).get("memcpy") or {}
+    bw = (f"This machine's memcpy bandwidth in the same run: **{mc['gb_per_s']:.2f} GB/s** "
+          f"({mc.get('method')})." if mc.get("gb_per_s") else
+          "memcpy bandwidth: not measured in this run.")
+    return ["## 9. Warm path: where a hit's TTFT goes\n",
+            "skippy's cache hits (family table: warm hits only) by the tier they came from "
+            "(lane: the lane still held the prefix, nothing is copied; ram / disk: the "
+            "state is copied into the lane). Medians per part, ms: http = client TTFT − "
+            "`skippy.ttft_ms` (HTTP, JSON, SSE); queue = `skippy.queue_ms`; lookup, "
+            "reconstruct (assembling the blocks; disk reads) and import (the restore copy "
+            "into the lane's buffers) from skippy's `--cache-events-log`; other = "
+            "`restore_ms` − those three; compute = `ttft_ms` − queue − `restore_ms`: the "
+            "forward pass over the suffix, which yields the first token (a 1-token suffix "
+            "is one decode-sized step; there is no separate first decode before the first "
+            "token). import GB/s = restored bytes / import time over the hits that copied "
+            "bytes (GB = 1e9 B).\n",
+            _table(["model", "workload", "tier", "n", "TTFT p50 ms"] +
+                   [f"{p}" for p in warm_path.PARTS] +
+                   ["restored tok", "suffix tok", "bytes p50", "import GB/s"], rows),
+            bw + "\n"]
+
+
+def _ms2(v):
+    return "–" if v is None else (f"{v:.2f}" if v < 10 else _ms(v))
 
 
 def _cache_metrics_section(results):
@@ -438,6 +520,12 @@ def _cache_metrics_section(results):
     if not seen_any_bytes:
         out.append("skippy reported no cache byte metrics in this run.\n")
     return out
+
+
+def _memcpy_line(mc):
+    if not mc or not mc.get("gb_per_s"):
+        return "not measured"
+    return f"{mc['gb_per_s']:.2f} GB/s ({mc.get('method')})"
 
 
 def _bytes(v):

@@ -325,6 +325,7 @@ class Timed:
     cache_decision: str = None   # skippy.cache
     cache_tier: str = None       # skippy.cache_tier: lane / ram / disk / none
     restore_ms: float = None     # skippy.restore_ms: lane choice, lookup and restore
+    queue_ms: float = None       # skippy.queue_ms: waiting for a lane
     llama_cache_n: int = None    # llama-server timings.cache_n
     chunks: int = 0
     # llama-server rejected its own output (its chat parser fails when a random-weight model's
@@ -420,6 +421,8 @@ def _read_stats(chunk, out):
         out.cache_tier = skippy.get("cache_tier", out.cache_tier)
         if skippy.get("restore_ms") is not None:
             out.restore_ms = skippy["restore_ms"]
+        if skippy.get("queue_ms") is not None:
+            out.queue_ms = skippy["queue_ms"]
         if skippy.get("ttft_ms") is not None:
             out.server_ttft_ms = skippy["ttft_ms"]
     if "tokens_evaluated" in chunk and chunk.get("stop"):  # native final chunk

@@ -11,8 +11,20 @@ a CI check) need not know each workload's result layout.
 Keys: family_<P> (warm hit on a P-token prefix), chat, multisession, agent, agent_edits,
 concurrency_ttft_p50, concurrency_throughput, cold_vs_llama, cold_vs_off, restart,
 restart_vs_cold, larger_than_ram (revisit TTFT p50, skippy with its disk tier / skippy
-RAM only at the same RAM budget), larger_than_ram_vs_llama; later workloads add their own
-keys (readers must ignore keys they do not know). Every ratio is a TTFT p50
+RAM only at the same RAM budget), larger_than_ram_vs_llama, larger_than_ram_vs_llama_equal
+(llama-server with --cache-ram = skippy's RAM budget), rss (the largest peak RSS over the
+workloads, skippy / llama-server, MiB), rss_larger_than_ram_equal (peak RSS in larger than
+RAM, skippy / llama-server-equal: equal cache budgets); later workloads add their own
+keys (readers must ignore keys they do not know).
+
+    summary.memory.<family>.<workload>.<variant> -> {peak_rss_mib, rss_anon_mib, ...,
+        skippy: ram_bytes_per_token_physical / _logical, disk_bytes_per_token}
+    summary.warm_path.<family>.<workload>.<tier> -> warm_path.decompose's row
+    summary.memcpy                                -> {gb_per_s, bytes, reps, method}
+
+The family key is the model's `column` (results.models.<name>.column, config.COLUMN: the
+realistic profile's llama-q8 is "dense-q8"), else its family; a second model of one family
+without a column gets "<family>-<model>". Every ratio is a TTFT p50
 ratio skippy / llama-server (below 1 = skippy faster) except concurrency_throughput
 (generated tokens/s skippy / llama-server, above 1 = skippy faster) and cold_vs_off (skippy
 cache on / skippy --cache-mode off, the cost of lookup + record). A workload that was not
@@ -22,7 +34,7 @@ build() works on results of older harness versions too (no `headline`, no `git` 
 """
 import subprocess
 
-from . import stats
+from . import memory, stats, warm_path
 
 SCHEMA = 1
 
@@ -32,7 +44,8 @@ HIGHER_IS_BETTER = {"concurrency_throughput"}
 ORDER = ["family_128", "family_1024", "family_4096", "chat", "multisession", "agent",
          "agent_edits", "concurrency_ttft_p50", "concurrency_throughput", "cold_vs_llama",
          "cold_vs_off", "restart", "restart_vs_cold", "larger_than_ram",
-         "larger_than_ram_vs_llama"]
+         "larger_than_ram_vs_llama", "larger_than_ram_vs_llama_equal", "rss",
+         "rss_larger_than_ram_equal"]
 
 
 def key_order(key):
@@ -125,6 +138,11 @@ def model_entries(model):
             out["larger_than_ram"] = (ratio, med, cached(h, den="skippy-ram"))
             ratio, med = _entry(h.get("skippy"), h.get("llama-server"))
             out["larger_than_ram_vs_llama"] = (ratio, med, cached(h))
+            if "llama-server-equal" in h:
+                ratio, med = _entry(h.get("skippy"), h.get("llama-server-equal"),
+                                    den_label="llama-server --cache-ram = skippy's budget")
+                out["larger_than_ram_vs_llama_equal"] = (ratio, med,
+                                                         cached(h, den="llama-server-equal"))
         else:
             # A workload this version does not know (e.g. a later `restart`): take its own
             # headline if it has one, never fail.
@@ -132,6 +150,9 @@ def model_entries(model):
             if isinstance(h, dict) and "skippy" in h:
                 ratio, med = _entry(h.get("skippy"), h.get("llama-server"))
                 out[name] = (ratio, med, cached(h))
+    for key, (num, den, den_label) in memory.rss_entries(model).items():
+        out[key] = (stats.ratio(num, den), {"num": num, "den": den, "num_label": "skippy",
+                                            "den_label": den_label, "unit": "MiB"}, {})
     return out
 
 
@@ -190,12 +211,18 @@ def _git_from_meta(meta):
 
 def build(results):
     meta = results.get("meta", {})
-    ratios, medians, cached, models, hits = {}, {}, {}, {}, {}
+    ratios, medians, cached, models, hits, mem, warm = {}, {}, {}, {}, {}, {}, {}
     for mname, m in results.get("models", {}).items():
-        fam = m.get("family") or mname
+        fam = m.get("column") or m.get("family") or mname
+        if fam in models:
+            fam = f"{fam}-{mname}"
         models[fam] = mname
         if hit_rates(m):
             hits[fam] = hit_rates(m)
+        if memory.model_memory(m):
+            mem[fam] = memory.model_memory(m)
+        if warm_path.model_warm_path(m):
+            warm[fam] = warm_path.model_warm_path(m)
         for key, (ratio, med, cach) in model_entries(m).items():
             ratios.setdefault(fam, {})[key] = ratio
             medians.setdefault(fam, {})[key] = med
@@ -206,6 +233,9 @@ def build(results):
         "medians": medians,
         "cached_tokens": cached,
         "hit_rates": hits,
+        "memory": mem,
+        "warm_path": warm,
+        "memcpy": meta.get("memcpy"),
         "models": models,
         "mismatches": mismatches(results),
         "git": _git_from_meta(meta),

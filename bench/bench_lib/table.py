@@ -48,12 +48,20 @@ def row_label(key, meta):
         return "restart (cache survives a server restart)"
     if key == "restart_vs_cold":
         return "restart: first request after the restart / skippy's cold prefill"
-    if key in ("larger_than_ram", "larger_than_ram_vs_llama"):
+    if key in ("larger_than_ram", "larger_than_ram_vs_llama", "larger_than_ram_vs_llama_equal"):
         c = _cfg(meta, "larger_than_ram")
         what = (f"larger than RAM: {c['conversations']} conversations, working set "
                 f"~{c['ram_ratio']}x the RAM budget, revisits" if c else "larger than RAM")
-        return what + (": disk tier / RAM only" if key == "larger_than_ram"
-                       else " vs llama-server")
+        return what + {"larger_than_ram": ": disk tier / RAM only",
+                       "larger_than_ram_vs_llama": " vs llama-server",
+                       "larger_than_ram_vs_llama_equal": " vs llama-server with --cache-ram "
+                                                         "= skippy's RAM budget (equal "
+                                                         "memory)"}[key]
+    if key == "rss":
+        return "memory: peak RSS, the largest over the workloads (MiB)"
+    if key == "rss_larger_than_ram_equal":
+        return ("memory: peak RSS in larger than RAM at equal cache budgets (llama-server "
+                "--cache-ram = skippy's RAM budget, MiB)")
     return key
 
 
@@ -91,9 +99,14 @@ def cell(summary, fam, key, markdown=True, medians=True):
 
 
 def families(summary):
-    """dense, hybrid, recurrent always (a family not run shows "–"), then any other."""
-    present = list(summary.get("ratios", {}))
-    return FAMILIES + [f for f in present if f not in FAMILIES]
+    """dense, hybrid, recurrent always (a family not run shows "–"); any other column (the
+    realistic profile's dense-q8) right after the family it starts with, else at the end."""
+    present = [f for f in summary.get("ratios", {}) if f not in FAMILIES]
+    out = []
+    for fam in FAMILIES:
+        out.append(fam)
+        out += [f for f in present if f.startswith(fam + "-")]
+    return out + [f for f in present if f not in out]
 
 
 def keys(summary):
@@ -155,7 +168,7 @@ def hit_rate_line(summary):
         if not rates:
             continue
         cells = []
-        for variant in ("skippy", "skippy-ram", "llama-server"):
+        for variant in ("skippy", "skippy-ram", "llama-server", "llama-server-equal"):
             r = rates.get(variant) or {}
             if r.get("token_hit_rate") is None:
                 continue

@@ -7,6 +7,8 @@ reported (see servers.Timed), plus a stable `key` that names the same prompt on 
 (used by the output check) and a `group` the summary aggregates over.
 """
 import dataclasses
+import json
+import os
 import random
 import threading
 import shutil
@@ -652,12 +654,20 @@ def measure(model, workload, pace="idle"):
 
 
 def _start(model, workload, variant, rnd, cache_dir=None):
-    """(run, server): a fresh server for one run and its record, or (run with error, None)."""
+    """(run, server): a fresh server for one run and its record, or (run with error, None).
+    A skippy server writes its cache events log (--cache-events-log) into a fresh folder:
+    _finish joins each request's lookup event (lookup / reconstruct / import ms, bytes) to
+    its record for the warm-path decomposition."""
     run = {"variant": variant.label, "round": rnd, "records": [], "extra": {}, "metrics": {},
            "error": None}
     log_path = None
     if model.log_dir:
         log_path = f"{model.log_dir}/{model.name}-{workload.name}-{variant.label}-r{rnd}.log"
+    events_dir = None
+    if variant.is_skippy and "--cache-events-log" not in variant.extra:
+        events_dir = tempfile.mkdtemp(prefix="skippy-bench-events-")
+        variant = dataclasses.replace(variant, extra=tuple(variant.extra) + (
+            "--cache-events-log", os.path.join(events_dir, "events.jsonl")))
     try:
         server = servers.start_server(model.bins, model.settings, variant, model.path,
                                       workload.server_ctx(variant), log_path,
@@ -665,7 +675,10 @@ def _start(model, workload, variant, rnd, cache_dir=None):
     except servers.ServerError as e:
         run["error"] = str(e)
         model.progress(f"  {workload.name} r{rnd} {variant.label}: SERVER FAILED\n{e}")
+        if events_dir:
+            shutil.rmtree(events_dir, ignore_errors=True)
         return run, None
+    server.events_dir = events_dir
     run["argv"] = server.argv
     run["startup_log"] = [l.rstrip() for l in list(server.log)[:12]]
     return run, server
@@ -683,15 +696,97 @@ def _warm_up(run, client):
 
 
 def _finish(model, workload, variant, rnd, run, server, records, extra):
-    """Fills `run` with the records and the server's metrics, checks it is still up."""
+    """Fills `run` with the records, the server's metrics and memory (peak RSS, read before
+    it stops) and, for skippy, what its cache entries cover and each request's lookup
+    event; checks it is still up."""
     for r in records:
         r["variant"], r["round"] = variant.label, rnd
     run["records"], run["extra"] = records, extra
+    run["memory"] = proc_memory(server.proc.pid)
     if variant.is_skippy:
         run["metrics"] = {k: v for k, v in servers.scrape_metrics(server.port).items()
                           if k.startswith("skippy_")}
+        run["cache_inventory"] = cache_inventory(server.port)
+        events_dir = getattr(server, "events_dir", None)
+        if events_dir:
+            join_lookup_events(records, os.path.join(events_dir, "events.jsonl"))
     if not server.alive():
         run["error"] = f"server exited during the run:\n{server.log_tail()}"
+
+
+def proc_memory(pid):
+    """{vm_hwm, vm_rss, rss_anon, rss_file} in bytes from /proc/PID/status (VmHWM: the
+    process's peak resident set so far), {} when unavailable."""
+    fields = {"VmHWM": "vm_hwm", "VmRSS": "vm_rss", "RssAnon": "rss_anon",
+              "RssFile": "rss_file"}
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in fields:
+                    parts = value.split()
+                    if parts and parts[0].isdigit():
+                        out[fields[key]] = int(parts[0]) * 1024  # kB
+    except OSError:
+        pass
+    return out
+
+
+def cache_inventory(port):
+    """What skippy's cache entries cover (GET /v1/cache): entries and the sum of their tokens
+    in RAM and on disk. An entry's tokens include the prefix it shares with others (the
+    bytes behind shared blocks are stored once: physical bytes)."""
+    try:
+        status, body = servers.http_get(port, "/v1/cache", timeout=10)
+        data = json.loads(body) if status == 200 else None
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        return {}
+    out = {"ram_entries": 0, "ram_tokens": 0, "disk_entries": 0, "disk_tokens": 0}
+    for ns in data.get("namespaces") or []:
+        for item in ns.get("items") or []:
+            tiers, tokens = item.get("tiers") or [], int(item.get("tokens") or 0)
+            if "ram" in tiers:
+                out["ram_entries"] += 1
+                out["ram_tokens"] += tokens
+            if "disk" in tiers:
+                out["disk_entries"] += 1
+                out["disk_tokens"] += tokens
+    return out
+
+
+LOOKUP_FIELDS = ("lookup_ms", "reconstruct_ms", "import_ms", "bytes", "suffix_tokens",
+                 "restored_tokens", "tier")
+
+
+def join_lookup_events(records, path):
+    """Adds `lookup` = {lookup_ms, reconstruct_ms, import_ms, bytes, suffix_tokens,
+    restored_tokens, tier} of skippy's lookup event to each record: one event per request,
+    in order, the warm-up request's first; matched on the prompt length, first unmatched
+    event first (requests sent one at a time keep their order; concurrent ones of the same
+    length may swap, which only mixes equal-length requests)."""
+    events = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("event") == "lookup":
+                    events.append(e)
+    except OSError:
+        return
+    by_len = {}
+    for e in events[1:]:  # events[0]: the warm-up request
+        by_len.setdefault(e.get("prompt_tokens"), []).append(e)
+    for r in records:
+        queue = by_len.get(r.get("prompt_tokens"))
+        if r.get("ok") and queue:
+            e = queue.pop(0)
+            r["lookup"] = {k: e.get(k) for k in LOOKUP_FIELDS}
 
 
 def _progress(model, workload, variant, rnd, run):
@@ -722,6 +817,7 @@ def _one_run(model, workload, variant, rnd):
         if getattr(workload, "restarts", False):
             before = workload.prepare_once(client, deadline)
             server.stop()  # SIGTERM: skippy writes what it recorded to its disk tier
+            _drop_events(server)  # the restarted server runs without an events log
             server = servers.start_server(model.bins, model.settings, variant, model.path,
                                           workload.server_ctx(variant), server.log_path,
                                           cache_dir=cache_dir)
@@ -730,6 +826,7 @@ def _one_run(model, workload, variant, rnd):
         _finish(model, workload, variant, rnd, run, server, before + records, extra)
     finally:
         server.stop()
+        _drop_events(server)
         if cache_dir:
             shutil.rmtree(cache_dir, ignore_errors=True)
     run["wall_s"] = time.monotonic() - started
@@ -782,11 +879,18 @@ def _paced_round(model, workload, variants, rnd):
     finally:
         for _, _, server in live:
             server.stop()
+            _drop_events(server)
     wall = time.monotonic() - started
     for variant, run in zip(variants, runs):
         run["wall_s"] = wall
         _progress(model, workload, variant, rnd, run)
     return runs
+
+
+def _drop_events(server):
+    if getattr(server, "events_dir", None):
+        shutil.rmtree(server.events_dir, ignore_errors=True)
+        server.events_dir = None
 
 
 def _fmt(v):
