@@ -25,23 +25,44 @@ MODELS = {
         "mamba2": ["--arch", "mamba2", "--layers", "2", "--embd", "128",
                    "--ctx", "2048", "--seed", "7"] + VOCAB,
     },
-    # Shapes of real small models (random weights, f16 matrices: make-model writes f32 or
-    # f16 only, no quantized types). Only with --profile realistic, never in the default run.
+    # Shapes of real small models at the quantizations people run them with (random weights,
+    # quantized by make-model with llama.cpp's quantizer from an f16 model: `--type`). Only
+    # with --profile realistic, never in the default run. make-model derives the head size
+    # from embd / heads (no separate head-size option), so the heads are chosen to give the
+    # real head size where the model has one.
     "realistic": {
-        # Llama-3.2-1B-like dense: 16 layers, embd 2048, 32 heads / 8 KV, ffn 8192.
+        # Llama-3.2-1B-like dense: 16 layers, embd 2048, 32 heads / 8 KV (head size 64, as
+        # the real model), ffn 8192; Q4_K_M (~0.75 GB with the 32k vocabulary).
         "llama": ["--arch", "llama", "--layers", "16", "--embd", "2048", "--heads", "32",
-                  "--heads-kv", "8", "--ffn", "8192", "--ctx", "16384", "--f16",
+                  "--heads-kv", "8", "--ffn", "8192", "--ctx", "16384", "--type", "q4_k_m",
                   "--seed", "7"] + VOCAB,
+        # The same shape and weights at Q8_0 (~1.2 GB): the same KV cache, 8-bit matrices.
+        "llama-q8": ["--arch", "llama", "--layers", "16", "--embd", "2048", "--heads", "32",
+                     "--heads-kv", "8", "--ffn", "8192", "--ctx", "16384", "--type", "q8_0",
+                     "--seed", "7"] + VOCAB,
         # Qwen3.5-0.8B-like hybrid: 24 layers (make-model's qwen35 puts full attention on
-        # every 4th), embd 1024, ffn 3584, 16 heads / 4 KV (its 4:1 grouping; make-model
-        # derives the head size from embd / heads).
-        "qwen35": ["--arch", "qwen35", "--layers", "24", "--embd", "1024", "--heads", "16",
-                   "--heads-kv", "4", "--ffn", "3584", "--ctx", "16384", "--f16",
+        # every 4th), embd 1024, ffn 3584, 8 heads / 2 KV (the 4:1 grouping) so that the
+        # head size is 128 (Qwen3-Next's linear-attention head size; make-model also uses it
+        # as the gated delta net's state size); Q8_0 (~0.5 GB).
+        "qwen35": ["--arch", "qwen35", "--layers", "24", "--embd", "1024", "--heads", "8",
+                   "--heads-kv", "2", "--ffn", "3584", "--ctx", "16384", "--type", "q8_0",
                    "--seed", "7"] + VOCAB,
+        # Mamba2-370m-like recurrent: 48 layers, embd 1024 (make-model: d_inner 2048,
+        # d_state 64, 32 SSM heads of 64), ~0.37B params, Q8_0 (~0.4 GB).
+        "mamba2": ["--arch", "mamba2", "--layers", "48", "--embd", "1024",
+                   "--ctx", "16384", "--type", "q8_0", "--seed", "7"] + VOCAB,
     },
 }
 
-FAMILY = {"llama": "dense", "qwen35": "hybrid", "mamba2": "recurrent"}
+# Model -> family (the skippy payload class). A second model of a family (the realistic
+# profile's llama-q8) gets its own column in the summary and the README table: COLUMN.
+FAMILY = {"llama": "dense", "llama-q8": "dense", "qwen35": "hybrid", "mamba2": "recurrent"}
+COLUMN = {"llama-q8": "dense-q8"}   # summary key; default: the family
+
+
+def column(model):
+    return COLUMN.get(model, FAMILY[model])
+
 
 # Workload sizes. Token counts are exact for token-id prompts (family, concurrency, cold) and
 # fitted with llama-server's /tokenize for text (chat, multisession, agent, agent_edits).
