@@ -1,0 +1,759 @@
+// RedisStore: the queue and writer thread, lookups and verified reads (redis_store.h).
+#include "cache/redis_store.h"
+
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+
+#include <csignal>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <unordered_map>
+
+namespace skippy::cache {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+using Reply = detail::RedisReplyPtr;
+using Command = std::vector<std::string_view>;
+
+// Sends every command, then reads every reply (one round trip). False when the connection
+// failed (c->err says why: a timeout, a closed connection); error replies are replies.
+bool pipeline(redisContext* c, const std::vector<Command>& commands, std::vector<Reply>& out) {
+    out.clear();
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (const Command& cmd : commands) {
+        argv.clear();
+        lens.clear();
+        for (std::string_view a : cmd) {
+            argv.push_back(a.data());
+            lens.push_back(a.size());
+        }
+        if (redisAppendCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+            REDIS_OK) {
+            return false;
+        }
+    }
+    for (size_t i = 0; i < commands.size(); ++i) {
+        void* reply = nullptr;
+        if (redisGetReply(c, &reply) != REDIS_OK || reply == nullptr) {
+            return false;
+        }
+        out.emplace_back(static_cast<redisReply*>(reply));
+    }
+    return true;
+}
+
+bool is_error(const Reply& r) { return r && r->type == REDIS_REPLY_ERROR; }
+bool is_oom(const Reply& r) {
+    return is_error(r) && std::string_view(r->str, r->len).starts_with("OOM");
+}
+std::string error_text(const Reply& r) { return std::string(r->str, r->len); }
+
+std::string hex128(const Hash128& h) {
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high),
+                  static_cast<unsigned long long>(h.low));
+    return buf;
+}
+
+void default_log(std::string_view line) { std::cerr << line << '\n'; }
+
+RedisStoreOptions with_defaults(RedisStoreOptions o) {
+    if (!o.log) {
+        o.log = default_log;
+    }
+    if (o.block_bytes == 0) {
+        o.block_bytes = kDefaultBlockBytes;
+    }
+    return o;
+}
+
+}  // namespace
+
+void detail::RedisReplyFree::operator()(::redisReply* r) const {
+    if (r != nullptr) {
+        freeReplyObject(r);
+    }
+}
+
+const char* to_string(RedisSubmit s) {
+    switch (s) {
+        case RedisSubmit::Queued:
+            return "queued";
+        case RedisSubmit::AlreadyQueued:
+            return "already_queued";
+        case RedisSubmit::DroppedFull:
+            return "dropped_full";
+        case RedisSubmit::Down:
+            return "down";
+        case RedisSubmit::Invalid:
+            return "invalid";
+        case RedisSubmit::Stopped:
+            return "stopped";
+    }
+    return "?";
+}
+
+const char* to_string(RedisReadError e) {
+    switch (e) {
+        case RedisReadError::None:
+            return "none";
+        case RedisReadError::Down:
+            return "down";
+        case RedisReadError::NotFound:
+            return "not_found";
+        case RedisReadError::BadManifest:
+            return "bad_manifest";
+        case RedisReadError::MissingBlock:
+            return "missing_block";
+        case RedisReadError::Truncated:
+            return "truncated";
+        case RedisReadError::ChecksumMismatch:
+            return "checksum_mismatch";
+        case RedisReadError::Count:
+            break;
+    }
+    return "?";
+}
+
+const char* to_string(RedisErrorKind k) {
+    switch (k) {
+        case RedisErrorKind::Connect:
+            return "connect";
+        case RedisErrorKind::Timeout:
+            return "timeout";
+        case RedisErrorKind::Io:
+            return "io";
+        case RedisErrorKind::Reply:
+            return "reply";
+        case RedisErrorKind::Oom:
+            return "oom";
+        case RedisErrorKind::Count:
+            break;
+    }
+    return "?";
+}
+
+RedisStore::RedisStore(RedisStoreOptions options, RedisUrl url)
+    : options_(with_defaults(std::move(options))),
+      url_(std::move(url)),
+      cutter_(BlockStoreOptions{.block_bytes = options_.block_bytes}) {}
+
+RedisOpenResult RedisStore::open(RedisStoreOptions options) {
+    RedisOpenResult out;
+    std::string why;
+    std::optional<RedisUrl> url = parse_redis_url(options.url, &why);
+    if (!url) {
+        out.message = "--cache-redis: " + why;
+        return out;
+    }
+    std::unique_ptr<RedisStore> store(new RedisStore(std::move(options), std::move(*url)));
+    // One connection now, for the start-up note; a Redis that is down is retried later.
+    Conn c = store->connect(&why);
+    if (c) {
+        out.message = "up";
+        store->give_back(std::move(c));
+    } else {
+        out.message = "down at start-up (" + why + "); retrying every " +
+                      std::to_string(store->options_.backoff.count()) + " ms";
+        store->mark_down(RedisErrorKind::Connect, why);
+    }
+    store->writer_ = std::thread([s = store.get()] { s->writer_loop(); });
+    out.store = std::move(store);
+    return out;
+}
+
+RedisStore::~RedisStore() { close(true); }
+
+std::string RedisStore::block_key(const Hash128& hash) const {
+    return options_.prefix + "b:" + hex128(hash);
+}
+
+std::string RedisStore::manifest_key(const NamespaceId& ns, std::span<const Token> tokens) const {
+    return options_.prefix + "m:" + ns.hex() + ":" + hex128(disk::entry_key(ns, tokens));
+}
+
+std::string RedisStore::lengths_key(const NamespaceId& ns) const {
+    return options_.prefix + "l:" + ns.hex();
+}
+
+bool RedisStore::up() const { return up_.load(std::memory_order_relaxed); }
+
+RedisStats RedisStore::stats() const {
+    std::lock_guard lock(mu_);
+    RedisStats s = counters_;
+    s.up = !down_;
+    s.queue_depth = queue_.size() + (busy_ ? 1 : 0);
+    return s;
+}
+
+void RedisStore::debug_pause_writer(bool paused) {
+    std::lock_guard lock(mu_);
+    paused_ = paused;
+    work_cv_.notify_all();
+}
+
+// ---- writes ----
+
+RedisSubmit RedisStore::submit_write(const NamespaceId& ns, std::span<const Token> tokens,
+                                     PageId page, const PayloadDescriptor& descriptor,
+                                     PayloadSnapshot snapshot, std::vector<size_t> cuts) {
+    Job job;
+    job.ns = ns;
+    job.tokens.assign(tokens.begin(), tokens.end());
+    job.page = page;
+    job.descriptor = descriptor;
+    job.snapshot = std::move(snapshot);
+    job.cuts = std::move(cuts);
+    return submit_job(std::move(job));
+}
+
+RedisSubmit RedisStore::submit_write(const NamespaceId& ns, std::span<const Token> tokens,
+                                     PageId page, const PayloadDescriptor& descriptor,
+                                     std::vector<uint8_t> bytes, std::vector<size_t> cuts) {
+    Job job;
+    job.ns = ns;
+    job.tokens.assign(tokens.begin(), tokens.end());
+    job.page = page;
+    job.descriptor = descriptor;
+    job.bytes = std::move(bytes);
+    job.cuts = std::move(cuts);
+    return submit_job(std::move(job));
+}
+
+RedisSubmit RedisStore::submit_job(Job job) {
+    if (job.tokens.empty() || job.descriptor.validate_against(job.size()).has_value()) {
+        return RedisSubmit::Invalid;
+    }
+    job.key = disk::entry_key(job.ns, job.tokens);
+    std::lock_guard lock(mu_);
+    if (stopping_) {
+        return RedisSubmit::Stopped;
+    }
+    if (down_ && Clock::now() < retry_at_) {
+        ++counters_.dropped_down;
+        return RedisSubmit::Down;
+    }
+    if (queued_keys_.contains(job.key)) {
+        return RedisSubmit::AlreadyQueued;
+    }
+    const uint64_t size = job.size();
+    if (queue_.size() >= options_.queue_capacity ||
+        (options_.max_queued_bytes != 0 &&
+         counters_.queued_bytes + size > options_.max_queued_bytes)) {
+        ++counters_.dropped_full;
+        return RedisSubmit::DroppedFull;
+    }
+    queued_keys_.insert(job.key);
+    counters_.queued_bytes += size;
+    ++counters_.submitted;
+    queue_.push_back(std::move(job));
+    work_cv_.notify_one();
+    return RedisSubmit::Queued;
+}
+
+void RedisStore::enqueue_remove(std::vector<std::string> keys) {
+    Job job;
+    job.remove = true;
+    job.keys = std::move(keys);
+    std::lock_guard lock(mu_);
+    if (stopping_ && !drain_) {
+        return;
+    }
+    queue_.push_front(std::move(job));  // (not bounded: small, and rare)
+    work_cv_.notify_one();
+}
+
+void RedisStore::quarantine(const NamespaceId& ns, std::span<const Token> tokens) {
+    {
+        std::lock_guard lock(mu_);
+        ++counters_.quarantines;
+    }
+    enqueue_remove({manifest_key(ns, tokens)});
+}
+
+void RedisStore::writer_loop() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);  // EPIPE instead (see redis_store.h)
+    std::unique_lock lock(mu_);
+    for (;;) {
+        work_cv_.wait(lock, [&] {
+            return (stopping_ && (!drain_ || queue_.empty())) || (!paused_ && !queue_.empty());
+        });
+        if (queue_.empty() || (stopping_ && !drain_)) {
+            break;
+        }
+        Job job = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        const uint64_t size = job.size();
+        lock.unlock();
+        if (job.remove) {
+            run_remove(job);
+        } else {
+            run_write(job);
+        }
+        const bool removal = job.remove;
+        job = Job();
+        lock.lock();
+        if (!removal) {
+            counters_.queued_bytes -= std::min(counters_.queued_bytes, size);
+        }
+        busy_ = false;
+        idle_cv_.notify_all();
+    }
+    // Dropped on close(false).
+    for (const Job& job : queue_) {
+        counters_.queued_bytes -= std::min(counters_.queued_bytes, job.size());
+    }
+    queue_.clear();
+    queued_keys_.clear();
+    writer_done_ = true;
+    idle_cv_.notify_all();
+    lock.unlock();
+    writer_conn_.reset();
+}
+
+bool RedisStore::writer_connection(std::string* why) {
+    if (writer_conn_ && writer_generation_ != generation_.load()) {
+        writer_conn_.reset();  // opened before an outage: stale
+    }
+    if (writer_conn_) {
+        return true;
+    }
+    if (!available()) {
+        *why = "the tier is down";
+        return false;
+    }
+    writer_generation_ = generation_.load();
+    writer_conn_ = connect(why);
+    if (!writer_conn_) {
+        mark_down(RedisErrorKind::Connect, *why);
+        return false;
+    }
+    writer_fresh_ = true;
+    mark_up();
+    return true;
+}
+
+bool RedisStore::writer_pipeline(const std::vector<std::vector<std::string_view>>& commands,
+                                 std::vector<Reply>& replies) {
+    const bool fresh = writer_fresh_;
+    writer_fresh_ = false;
+    if (pipeline(writer_conn_.get(), commands, replies)) {
+        return true;
+    }
+    if (fresh) {
+        return false;
+    }
+    // An idle connection Redis closed (a restart nobody noticed yet): once more, on a new one.
+    std::string why;
+    writer_conn_.reset();
+    writer_generation_ = generation_.load();
+    writer_conn_ = connect(&why);
+    if (!writer_conn_) {
+        mark_down(RedisErrorKind::Connect, why);
+        return false;
+    }
+    return pipeline(writer_conn_.get(), commands, replies);
+}
+
+void RedisStore::run_remove(Job& job) {
+    std::string why;
+    if (!writer_connection(&why)) {
+        return;  // the keys stay: a read verifies them again (and fails again)
+    }
+    std::vector<Command> cmds;
+    for (const auto& k : job.keys) {
+        cmds.push_back({"DEL", k});
+    }
+    std::vector<Reply> replies;
+    if (!writer_pipeline(cmds, replies)) {
+        mark_down(kind_of(writer_conn_.get()), writer_conn_->errstr);
+        writer_conn_.reset();
+    }
+}
+
+void RedisStore::run_write(Job& job) {
+    struct Done {  // the key leaves queued_keys_ whatever happens
+        RedisStore* s;
+        Hash128 key;
+        ~Done() {
+            std::lock_guard lock(s->mu_);
+            s->queued_keys_.erase(key);
+        }
+    } done{this, job.key};
+    auto drop = [&](uint64_t RedisStats::*counter, std::string why) {
+        std::lock_guard lock(mu_);
+        ++(counters_.*counter);
+        counters_.last_error = std::move(why);
+    };
+    if (job.snapshot) {
+        // Verified against the RAM tier's checksum on the way.
+        if (job.snapshot->reconstruct_into(write_buffer_) != ReconstructError::None) {
+            drop(&RedisStats::write_failures, "write rejected: the payload did not reconstruct");
+            return;
+        }
+        job.snapshot.reset();
+    } else {
+        write_buffer_ = std::move(job.bytes);
+    }
+    const std::span<const uint8_t> bytes(write_buffer_);
+    const PreparedPayload prep = cutter_.prepare(bytes, job.cuts);
+    if (prep.error != InsertError::None) {
+        drop(&RedisStats::write_failures,
+             std::string("write rejected: ") + to_string(prep.error));
+        return;
+    }
+    if (std::string why; !writer_connection(&why)) {
+        drop(&RedisStats::dropped_down, "write dropped: " + why);
+        return;
+    }
+    auto lost = [&]() {
+        const std::string why = writer_conn_->errstr;
+        mark_down(kind_of(writer_conn_.get()), why);
+        writer_conn_.reset();
+        drop(&RedisStats::dropped_down, "write dropped: " + why);
+    };
+    // Unique blocks of the payload (by hash: XXH3-128 collisions are not planned for; a read
+    // verifies every block against its hash and size anyway).
+    std::vector<std::string> block_keys;
+    std::vector<size_t> first_of;  // index in prep.blocks of each unique block
+    std::unordered_map<Hash128, size_t, Hash128Hash> seen;
+    for (size_t i = 0; i < prep.blocks.size(); ++i) {
+        if (seen.emplace(prep.blocks[i].hash, block_keys.size()).second) {
+            block_keys.push_back(block_key(prep.blocks[i].hash));
+            first_of.push_back(i);
+        }
+    }
+    const std::string mkey = manifest_key(job.ns, job.tokens);
+    std::vector<Command> cmds;
+    cmds.push_back({"EXISTS", mkey});
+    for (const auto& k : block_keys) {
+        cmds.push_back({"EXISTS", k});
+    }
+    std::vector<Reply> replies;
+    if (!writer_pipeline(cmds, replies)) {
+        lost();
+        return;
+    }
+    auto exists = [](const Reply& r) { return r->type == REDIS_REPLY_INTEGER && r->integer > 0; };
+    if (exists(replies[0])) {
+        std::lock_guard lock(mu_);
+        ++counters_.write_skipped;
+        return;
+    }
+    cmds.clear();
+    uint64_t new_bytes = 0;
+    size_t new_blocks = 0;
+    for (size_t u = 0; u < block_keys.size(); ++u) {
+        if (!exists(replies[u + 1])) {
+            const auto& b = prep.blocks[first_of[u]];
+            cmds.push_back(
+                {"SET", block_keys[u],
+                 std::string_view(reinterpret_cast<const char*>(bytes.data() + b.offset), b.size)});
+            new_bytes += b.size;
+            ++new_blocks;
+        }
+    }
+    disk::Manifest m;
+    m.ns = job.ns;
+    m.page = job.page;
+    m.descriptor = job.descriptor;
+    m.tokens = job.tokens;
+    for (const auto& b : prep.blocks) {
+        m.blocks.push_back(disk::BlockRef{disk::BlockKey{b.hash, 0}, b.size});
+    }
+    m.payload_checksum = disk::payload_checksum(bytes.size(), m.blocks);
+    const std::vector<uint8_t> manifest = disk::encode_manifest(m);
+    // The manifest is the commit point: sent after its blocks, in the same pipeline (Redis
+    // runs one connection's commands in order), and only counted when every SET succeeded.
+    cmds.push_back({"SET", mkey,
+                    std::string_view(reinterpret_cast<const char*>(manifest.data()),
+                                     manifest.size())});
+    if (!pipeline(writer_conn_.get(), cmds, replies)) {
+        lost();
+        return;
+    }
+    const Reply* failed = nullptr;
+    for (const Reply& r : replies) {
+        if (is_error(r)) {
+            failed = &r;
+            break;
+        }
+    }
+    if (failed != nullptr) {
+        const bool oom = is_oom(*failed);
+        count_error(oom ? RedisErrorKind::Oom : RedisErrorKind::Reply, error_text(*failed));
+        {
+            std::lock_guard lock(mu_);
+            ++(oom ? counters_.dropped_oom : counters_.write_failures);
+        }
+        // A block failed but the manifest may have been stored after it: delete it, the
+        // entry is not complete (its blocks stay, for the next write that needs them).
+        if (!is_error(replies.back())) {
+            std::vector<Reply> ignored;
+            if (!pipeline(writer_conn_.get(), {{"DEL", mkey}}, ignored)) {
+                lost();
+            }
+        }
+        return;
+    }
+    const std::string len = std::to_string(job.tokens.size());
+    if (!pipeline(writer_conn_.get(), {{"ZADD", lengths_key(job.ns), len, len}}, replies)) {
+        lost();
+        return;
+    }
+    if (is_error(replies[0])) {
+        const bool oom = is_oom(replies[0]);
+        count_error(oom ? RedisErrorKind::Oom : RedisErrorKind::Reply, error_text(replies[0]));
+        std::vector<Reply> ignored;
+        if (!pipeline(writer_conn_.get(), {{"DEL", mkey}}, ignored)) {
+            lost();
+        }
+        std::lock_guard lock(mu_);
+        ++(oom ? counters_.dropped_oom : counters_.write_failures);
+        return;
+    }
+    std::lock_guard lock(mu_);
+    ++counters_.writes;
+    counters_.written_bytes += new_bytes;
+    counters_.new_blocks += new_blocks;
+    counters_.reused_blocks += prep.blocks.size() - new_blocks;
+}
+
+void RedisStore::flush() {
+    std::unique_lock lock(mu_);
+    idle_cv_.wait(lock, [&] { return writer_done_ || (queue_.empty() && !busy_) || paused_; });
+}
+
+void RedisStore::close(bool drain) {
+    std::lock_guard close_lock(close_mu_);
+    {
+        std::lock_guard lock(mu_);
+        stopping_ = true;
+        drain_ = drain;
+        paused_ = false;
+        work_cv_.notify_all();
+    }
+    if (writer_.joinable()) {
+        writer_.join();
+    }
+    std::lock_guard lock(pool_mu_);
+    pool_.clear();
+}
+
+// ---- reads ----
+
+std::optional<size_t> RedisStore::lookup(const NamespaceId& ns, std::span<const Token> tokens,
+                                         size_t max_len, size_t min_len) {
+    max_len = std::min(max_len, tokens.size());
+    if (max_len < std::max<size_t>(1, min_len)) {
+        return std::nullopt;
+    }
+    Conn c = acquire();
+    if (!c) {
+        return std::nullopt;
+    }
+    std::vector<Reply> replies;
+    const std::string lo = std::to_string(std::max<size_t>(1, min_len));
+    const std::string hi = std::to_string(max_len);
+    if (!pipeline(c.get(), {{"ZRANGEBYSCORE", lengths_key(ns), lo, hi}}, replies)) {
+        mark_down(kind_of(c.get()), c->errstr);
+        return std::nullopt;
+    }
+    mark_up();
+    std::vector<size_t> lengths;
+    if (replies[0]->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i < replies[0]->elements; ++i) {
+            const redisReply* e = replies[0]->element[i];
+            size_t v = 0;
+            if (e->type == REDIS_REPLY_STRING &&
+                std::from_chars(e->str, e->str + e->len, v).ec == std::errc() && v >= 1 &&
+                v <= max_len) {
+                lengths.push_back(v);
+            }
+        }
+    } else if (is_error(replies[0])) {
+        count_error(RedisErrorKind::Reply, error_text(replies[0]));
+    }
+    std::sort(lengths.rbegin(), lengths.rend());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    if (lengths.size() > options_.max_candidates) {
+        lengths.resize(options_.max_candidates);
+    }
+    std::optional<size_t> found;
+    if (!lengths.empty()) {
+        std::vector<std::string> keys;
+        std::vector<Command> cmds;
+        keys.reserve(lengths.size());
+        for (size_t len : lengths) {
+            keys.push_back(manifest_key(ns, tokens.first(len)));
+        }
+        for (const auto& k : keys) {
+            cmds.push_back({"EXISTS", k});
+        }
+        if (!pipeline(c.get(), cmds, replies)) {
+            mark_down(kind_of(c.get()), c->errstr);
+            return std::nullopt;
+        }
+        for (size_t i = 0; i < replies.size(); ++i) {
+            if (replies[i]->type == REDIS_REPLY_INTEGER && replies[i]->integer > 0) {
+                found = lengths[i];
+                break;
+            }
+        }
+    }
+    give_back(std::move(c));
+    std::lock_guard lock(mu_);
+    ++counters_.lookups;
+    ++(found ? counters_.hits : counters_.misses);
+    return found;
+}
+
+RedisReadResult RedisStore::read(const NamespaceId& ns, std::span<const Token> tokens) {
+    const auto t0 = Clock::now();
+    RedisReadResult out;
+    std::vector<std::string> bad_keys;
+    auto finish = [&](RedisReadError e, std::string detail) -> RedisReadResult {
+        out.error = e;
+        out.detail = std::move(detail);
+        out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        const bool bad = e != RedisReadError::None && e != RedisReadError::Down &&
+                         e != RedisReadError::NotFound;
+        {
+            std::lock_guard lock(mu_);
+            if (e == RedisReadError::None) {
+                ++counters_.reads;
+                counters_.read_bytes += out.bytes.size();
+                counters_.read_seconds_sum += out.seconds;
+                ++counters_.read_seconds_count;
+            } else {
+                ++counters_.read_failures[static_cast<size_t>(e)];
+                if (bad) {
+                    ++counters_.quarantines;
+                    counters_.last_error = "redis read: " + out.detail;
+                }
+            }
+        }
+        if (bad) {
+            bad_keys.insert(bad_keys.begin(), manifest_key(ns, tokens));
+            enqueue_remove(std::move(bad_keys));
+        }
+        if (e != RedisReadError::None) {
+            out.bytes.clear();
+        }
+        return std::move(out);
+    };
+    if (tokens.empty()) {
+        return finish(RedisReadError::NotFound, "no tokens");
+    }
+    Conn c = acquire();
+    if (!c) {
+        return finish(RedisReadError::Down, "the tier is down");
+    }
+    std::vector<Reply> replies;
+    const std::string mkey = manifest_key(ns, tokens);
+    if (!pipeline(c.get(), {{"GET", mkey}}, replies)) {
+        const std::string why = c->errstr;
+        mark_down(kind_of(c.get()), why);
+        return finish(RedisReadError::Down, why);
+    }
+    if (replies[0]->type == REDIS_REPLY_NIL) {
+        give_back(std::move(c));
+        return finish(RedisReadError::NotFound, "no manifest " + mkey);
+    }
+    if (replies[0]->type != REDIS_REPLY_STRING) {
+        give_back(std::move(c));
+        return finish(RedisReadError::Down, "GET " + mkey + ": unexpected reply");
+    }
+    std::string why;
+    std::optional<disk::Manifest> m = disk::decode_manifest(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(replies[0]->str),
+                                 replies[0]->len),
+        &why);
+    if (!m) {
+        give_back(std::move(c));
+        return finish(RedisReadError::BadManifest, mkey + ": " + why);
+    }
+    if (!(m->ns == ns) || m->tokens.size() != tokens.size() ||
+        !std::equal(tokens.begin(), tokens.end(), m->tokens.begin())) {
+        give_back(std::move(c));
+        return finish(RedisReadError::BadManifest, mkey + ": another namespace or token path");
+    }
+    if (m->descriptor.token_end != tokens.size() || m->descriptor.token_begin != 0) {
+        give_back(std::move(c));
+        return finish(RedisReadError::BadManifest, mkey + ": descriptor covers other tokens");
+    }
+    // Unique blocks, one MGET.
+    std::vector<std::string> keys;
+    std::unordered_map<Hash128, size_t, Hash128Hash> index;
+    for (const auto& b : m->blocks) {
+        if (index.emplace(b.key.hash, keys.size()).second) {
+            keys.push_back(block_key(b.key.hash));
+        }
+    }
+    Command mget{"MGET"};
+    for (const auto& k : keys) {
+        mget.push_back(k);
+    }
+    if (!pipeline(c.get(), {mget}, replies)) {
+        const std::string err = c->errstr;
+        mark_down(kind_of(c.get()), err);
+        return finish(RedisReadError::Down, err);
+    }
+    give_back(std::move(c));
+    const redisReply* arr = replies[0].get();
+    if (arr->type != REDIS_REPLY_ARRAY || arr->elements != keys.size()) {
+        return finish(RedisReadError::Down, "MGET: unexpected reply");
+    }
+    // Verify every unique block before assembling anything.
+    std::vector<bool> verified(keys.size(), false);
+    uint64_t total = 0;
+    for (const auto& b : m->blocks) {
+        total += b.size;
+    }
+    out.bytes.reserve(total);
+    for (const auto& b : m->blocks) {
+        const size_t u = index.at(b.key.hash);
+        const redisReply* e = arr->element[u];
+        if (e->type != REDIS_REPLY_STRING) {
+            return finish(RedisReadError::MissingBlock, "block " + keys[u] + " is missing");
+        }
+        if (e->len != b.size) {
+            bad_keys.push_back(keys[u]);
+            return finish(RedisReadError::Truncated, "block " + keys[u] + " has " +
+                                                         std::to_string(e->len) + " bytes, not " +
+                                                         std::to_string(b.size));
+        }
+        const std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(e->str), e->len);
+        if (!verified[u]) {
+            if (xxh3_128(data) != b.key.hash) {
+                bad_keys.push_back(keys[u]);
+                return finish(RedisReadError::ChecksumMismatch,
+                              "block " + keys[u] + " does not match its hash");
+            }
+            verified[u] = true;
+        }
+        out.bytes.insert(out.bytes.end(), data.begin(), data.end());
+    }
+    if (disk::payload_checksum(out.bytes.size(), m->blocks) != m->payload_checksum ||
+        m->descriptor.validate_against(out.bytes.size()).has_value()) {
+        return finish(RedisReadError::ChecksumMismatch, mkey + ": payload checksum or size");
+    }
+    out.page = m->page;
+    out.descriptor = m->descriptor;
+    return finish(RedisReadError::None, {});
+}
+
+}  // namespace skippy::cache
