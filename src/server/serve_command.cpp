@@ -9,6 +9,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
@@ -380,6 +382,23 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
                    "bytes the disk tier leaves free on its filesystem")
         ->envname("SKIPPY_CACHE_DISK_MIN_FREE")
         ->capture_default_str();
+    // KV events for KV-aware routers, in vLLM's format (kv_event_publisher.h).
+    auto& kv = c.kv_events;
+    app.add_option("--kv-events", kv.endpoint,
+                   "publish the RAM tier's blocks as vLLM KV events on a ZeroMQ PUB socket "
+                   "bound here, e.g. tcp://0.0.0.0:5557 (topic kv@<replica-id>@<model>)")
+        ->envname("SKIPPY_KV_EVENTS");
+    app.add_option("--kv-events-replay", kv.replay_endpoint,
+                   "ROUTER socket answering replay requests for missed KV event batches, "
+                   "e.g. tcp://0.0.0.0:5558")
+        ->envname("SKIPPY_KV_EVENTS_REPLAY");
+    app.add_option("--kv-events-block-size", kv.block_size, "tokens per advertised KV block")
+        ->envname("SKIPPY_KV_EVENTS_BLOCK_SIZE")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--replica-id", kv.replica_id,
+                   "this replica's name in the KV event topic (default: hostname:port)")
+        ->envname("SKIPPY_REPLICA_ID");
 }
 
 int run_serve(ServeConfig config) {
@@ -435,7 +454,20 @@ int run_serve(ServeConfig config) {
     if (config.cache.disk_dir.empty()) {
         config.cache.disk_dir = cache_dir() + "/prefix-cache";
     }
+    // Bound before anything is stored: a bad endpoint stops the start-up with its name.
+    std::unique_ptr<KvEventPublisher> kv_events;
+    if (!config.kv_events.endpoint.empty()) {
+        config.kv_events.checkpoint_only = model->kind() == runtime::ModelKind::Hybrid ||
+                                           model->kind() == runtime::ModelKind::Recurrent;
+        kv_events = std::make_unique<KvEventPublisher>(config.kv_events);
+        config.cache.on_entry_change = kv_events->observer();
+    }
     auto stage_backend = stage::make_stage(config.cache, *model, config.scheduler.context);
+    if (kv_events) {
+        stage_backend.metrics = [cache_metrics = stage_backend.metrics, pub = kv_events.get()] {
+            return (cache_metrics ? cache_metrics() : std::string()) + pub->metrics_text();
+        };
+    }
     const std::string cache_summary = stage_backend.summary;
     Scheduler scheduler(*model, config.scheduler, std::move(stage_backend.backend));
 
@@ -463,6 +495,25 @@ int run_serve(ServeConfig config) {
     OpenAiRequestParser parser(*model, chat_template, model_ids, limits);
     HttpServer http(config.http, scheduler, parser, model_id, stage_backend.metrics);
     const int port = http.bind();
+    std::string kv_events_note;
+    if (kv_events) {
+        std::string replica = config.kv_events.replica_id;
+        if (replica.empty()) {
+            char host[256] = {};
+            gethostname(host, sizeof(host) - 1);
+            replica = std::string(host) + ":" + std::to_string(port);
+        }
+        kv_events->start("kv@" + replica + "@" + model_id);
+        kv_events_note = "skippy: kv events on " + config.kv_events.endpoint + " topic " +
+                         kv_events->topic() +
+                         " block_size=" + std::to_string(config.kv_events.block_size) +
+                         (config.kv_events.checkpoint_only ? " (block-aligned checkpoints only)"
+                                                           : std::string()) +
+                         (config.kv_events.replay_endpoint.empty()
+                              ? std::string()
+                              : " replay on " + config.kv_events.replay_endpoint) +
+                         "\n";
+    }
     const ApiKeys keys(config.http.api_keys);
     const auto& ctx = config.scheduler.context;
     const std::string max_output =
@@ -493,6 +544,7 @@ int run_serve(ServeConfig config) {
               << "skippy: " << placement.map_text() << " (" << device_settings(config.load)
               << "; read from the loaded model's weights)\n"
               << "skippy: cache " << cache_summary << "\n"
+              << kv_events_note
               << "skippy: listening on http://" << config.http.host << ":" << port << std::endl;
     g_http_server = &http;
     std::signal(SIGINT, handle_signal);

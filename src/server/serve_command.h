@@ -7,6 +7,7 @@
 
 #include "runtime/model.h"
 #include "server/http_server.h"
+#include "server/kv_event_publisher.h"
 #include "server/scheduler.h"
 #include "stage/cache_config.h"
 
@@ -38,6 +39,7 @@ struct ServeConfig {
     HttpServerOptions http;
     SchedulerOptions scheduler;
     stage::CacheConfig cache;
+    KvEventsOptions kv_events;  // --kv-events*: off unless an endpoint is given
 };
 
 void add_serve_options(CLI::App& app, ServeConfig& config);

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cache/entry_change.h"
+
 namespace skippy::stage {
 
 enum class CacheMode { Off, Record, LookupRecord };
@@ -24,6 +26,8 @@ struct CacheConfig {
     std::string disk_dir;  // empty = $SKIPPY_CACHE_DIR or ~/.cache/skippy, + /prefix-cache
     uint64_t disk_max_bytes = 16ull << 30;  // block files + manifests
     uint64_t disk_min_free = 1ull << 30;    // left free on the filesystem
+    // RAM-tier entry changes (the KV event publisher); called with the cache mutex held.
+    cache::EntryObserver on_entry_change;
 };
 
 inline CacheMode parse_cache_mode(const std::string& s) {

@@ -72,6 +72,7 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     cache::ExactStateCacheOptions options;
     options.limits.max_entries = config.max_entries;
     options.limits.max_physical_bytes = config.max_bytes - queue_budget_bytes_;
+    options.on_change = config.on_entry_change;
     exact_ = std::make_unique<cache::ExactStateCache>(options);
     cache::RecordQueueOptions queue_options;
     queue_options.capacity = std::max<uint32_t>(1, config.record_queue_capacity);
