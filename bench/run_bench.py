@@ -116,6 +116,9 @@ def parse_args(argv):
     p.add_argument("--keep-logs", action="store_true",
                    help="keep every server's stderr under OUT_DIR/logs/")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--prepare", action="store_true",
+                   help="make (or find) the profile's models in --model-cache and exit: "
+                        "the realistic ones take minutes to make, before a timed run")
     args = p.parse_args(argv)
     if args.quick and args.profile not in (None, "quick"):
         p.error("--quick is --profile quick")
@@ -312,9 +315,10 @@ def main(argv):
 
     # The warm path's restores are compared with this machine's memcpy bandwidth, measured
     # here, in the same run, before any server starts.
-    results["meta"]["memcpy"] = memory.memcpy_bandwidth()
-    log(f"memcpy bandwidth: {results['meta']['memcpy']['gb_per_s']:.2f} GB/s "
-        f"({results['meta']['memcpy']['method']})")
+    if not args.prepare:
+        results["meta"]["memcpy"] = memory.memcpy_bandwidth()
+        log(f"memcpy bandwidth: {results['meta']['memcpy']['gb_per_s']:.2f} GB/s "
+            f"({results['meta']['memcpy']['method']})")
     log(f"skippy bench ({profile_name}): models {','.join(args.models)}; workloads "
         f"{','.join(args.workloads)}; {profile['rounds']} rounds; results -> {args.out_dir}")
     model_paths = {}
@@ -328,6 +332,9 @@ def main(argv):
                                    "command": command, "params": None, "workloads": {}}
         log(f"model {name}: {'reused' if reused else 'made'} {path}")
 
+    if args.prepare:
+        log("--prepare: models ready, nothing measured")
+        return 0
     for w in ("chat", "multisession", "agent", "agent_edits"):
         profile[w] = dict(profile[w], replies=args.replies)
     chosen = [workloads.ALL[w](profile[w], profile[w].get("lane_ctx", profile["lane_ctx"]))

@@ -127,11 +127,15 @@ PROFILES = {
                             "revisits": 12, "max_visits": 4, "zipf_s": 0.6, "ram_ratio": 10,
                             "max_tokens": 2, "lane_ctx": 512, "deadline_s": 60},
     },
-    # Real-model shapes (~0.45B and ~1.1B parameters with the 32k vocabulary, f16) are
-    # 10-100x slower per token than the full profile's models (measured on 2 cores: a cold
-    # 512-token prompt ~2.3 s on the qwen35 shape, a cold 1024-token prompt ~25-35 s on the
-    # llama shape): fewer repetitions and conversations, shorter contexts, long deadlines.
-    # About an hour for both models on 2 cores, most of it the dense model.
+    # Real-model shapes (0.38B-1.1B parameters with the 32k vocabulary, Q4_K_M / Q8_0) are
+    # 10-100x slower per token than the full profile's models. Measured with skippy on 2
+    # busy cores (load ~2-3), cold 512-token prompt: dense Q4_K_M ~29 ms/token (the f16
+    # shape: a cold 1024-token prompt ~25-35 s), qwen35 Q8_0 ~7 ms/token, mamba2 Q8_0
+    # ~8 ms/token; decode ~150-270 / 19 / 58 ms per token. Hence fewer repetitions and
+    # conversations, shorter contexts, long deadlines. Estimated wall time per model, all
+    # workloads: dense ~80 min (family ~12, larger_than_ram ~15, agent_edits ~11, the others
+    # 5-8 each), qwen35 ~17, mamba2 ~20; bench/README.md has the table and the subsets for a
+    # 40-minute window (--models, --workloads; --prepare makes the models beforehand).
     "realistic": {
         "rounds": 2,
         "lane_ctx": 8192,
@@ -154,9 +158,13 @@ PROFILES = {
                         "unique_tokens": [128, 320], "max_tokens": 16, "deadline_s": 900},
         "cold": {"prompts": 3, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
         "restart": {"prefix_tokens": 2048, "reps": 2, "lane_ctx": 4096, "deadline_s": 900},
+        # One round, as in the full profile (4 variants; the cold first visits dominate).
+        # skippy's budget floor (8.8 lane captures) makes the working set only ~2x the
+        # budget with 16 conversations, not ram_ratio.
         "larger_than_ram": {"conversations": 16, "prefix_tokens": 256, "turn_tokens": [32, 64],
                             "revisits": 16, "max_visits": 4, "zipf_s": 0.6, "ram_ratio": 10,
-                            "max_tokens": 4, "lane_ctx": 2048, "deadline_s": 1200},
+                            "max_tokens": 4, "lane_ctx": 2048, "rounds": 1,
+                            "deadline_s": 1200},
     },
 }
 
