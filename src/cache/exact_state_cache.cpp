@@ -182,8 +182,8 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         }
     };
     if (placed.replaced) {
-        gone.push_back({EntryChange::Cause::Replaced, ns, {},
-                        records_.at(placed.replaced->entry).page});
+        gone.push_back(
+            {EntryChange::Cause::Replaced, ns, {}, records_.at(placed.replaced->entry).page});
         free_record(placed.replaced->entry);
         result.status = ExactInsertStatus::Replaced;
     }

@@ -1,10 +1,10 @@
 #include "cache/kv_event_ledger.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
-
-#include <xxhash.h>
 
 namespace skippy::cache {
 

@@ -119,10 +119,9 @@ void KvEventPublisher::enqueue(const cache::EntryChange& change) {
             resync_ = true;
             return;
         }
-        queue_.push_back(Change{change.kind, change.ns,
-                                std::vector<cache::Token>(change.tokens.begin(),
-                                                          change.tokens.end()),
-                                change.page});
+        queue_.push_back(Change{
+            change.kind, change.ns,
+            std::vector<cache::Token>(change.tokens.begin(), change.tokens.end()), change.page});
     }
     cv_.notify_one();
 }
@@ -158,9 +157,8 @@ void KvEventPublisher::run() {
         if (before == 0 && !pending.empty()) {
             first_pending = Clock::now();
         }
-        if (!pending.empty() &&
-            (stopping || pending.size() >= options_.max_batch_events ||
-             Clock::now() - first_pending >= options_.batch_interval)) {
+        if (!pending.empty() && (stopping || pending.size() >= options_.max_batch_events ||
+                                 Clock::now() - first_pending >= options_.batch_interval)) {
             publish(pending);
         }
         if (replay_ != nullptr) {
@@ -230,9 +228,8 @@ std::string KvEventPublisher::encode_batch(double ts, std::span<const cache::KvE
 }
 
 void KvEventPublisher::publish(std::vector<cache::KvEvent>& events) {
-    const double ts = std::chrono::duration<double>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+    const double ts =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     for (size_t at = 0; at < events.size(); at += options_.max_batch_events) {
         const size_t n = std::min(options_.max_batch_events, events.size() - at);
         const std::span<const cache::KvEvent> part(events.data() + at, n);
@@ -331,8 +328,7 @@ void KvEventPublisher::write_metrics(metrics::MetricsWriter& out) const {
     const char* help = "KV events published, by vLLM event type.";
     out.counter("skippy_kv_events_events_total", help, v(stored_), {{"type", "BlockStored"}});
     out.counter("skippy_kv_events_events_total", help, v(removed_), {{"type", "BlockRemoved"}});
-    out.counter("skippy_kv_events_events_total", help, v(cleared_),
-                {{"type", "AllBlocksCleared"}});
+    out.counter("skippy_kv_events_events_total", help, v(cleared_), {{"type", "AllBlocksCleared"}});
     out.counter("skippy_kv_events_dropped_total",
                 "Cache entry changes dropped because the KV event queue was full (each drop "
                 "withdraws every advertised block).",

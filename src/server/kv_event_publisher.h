@@ -46,12 +46,12 @@
 namespace skippy::server {
 
 struct KvEventsOptions {
-    std::string endpoint;         // --kv-events tcp://HOST:PORT (bound); empty = off
-    std::string replay_endpoint;  // --kv-events-replay tcp://HOST:PORT; empty = no replay
-    std::string replica_id;       // --replica-id; empty = hostname:port
-    uint32_t block_size = 16;     // --kv-events-block-size
-    bool checkpoint_only = false;  // hybrid/recurrent model (kv_event_ledger.h)
-    std::string medium = "CPU";    // the RAM tier
+    std::string endpoint;            // --kv-events tcp://HOST:PORT (bound); empty = off
+    std::string replay_endpoint;     // --kv-events-replay tcp://HOST:PORT; empty = no replay
+    std::string replica_id;          // --replica-id; empty = hostname:port
+    uint32_t block_size = 16;        // --kv-events-block-size
+    bool checkpoint_only = false;    // hybrid/recurrent model (kv_event_ledger.h)
+    std::string medium = "CPU";      // the RAM tier
     size_t queue_capacity = 100000;  // entry changes waiting for the publisher thread
     size_t replay_batches = 10000;   // batches kept for replay
     int send_hwm = 100000;           // ZeroMQ high-water mark of the PUB socket

@@ -1,5 +1,7 @@
 #include "server/serve_command.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
@@ -8,8 +10,6 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
@@ -544,8 +544,8 @@ int run_serve(ServeConfig config) {
               << "skippy: " << placement.map_text() << " (" << device_settings(config.load)
               << "; read from the loaded model's weights)\n"
               << "skippy: cache " << cache_summary << "\n"
-              << kv_events_note
-              << "skippy: listening on http://" << config.http.host << ":" << port << std::endl;
+              << kv_events_note << "skippy: listening on http://" << config.http.host << ":" << port
+              << std::endl;
     g_http_server = &http;
     std::signal(SIGINT, handle_signal);
     std::signal(SIGTERM, handle_signal);
