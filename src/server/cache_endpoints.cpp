@@ -66,6 +66,11 @@ json memory_json(const stage::PrefixCacheStage::MemoryView& m) {
     } else {
         out["disk"] = nullptr;
     }
+    if (m.redis) {
+        out["redis"] = {{"up", m.redis_up}, {"write_queue", m.redis_queue}};
+    } else {
+        out["redis"] = nullptr;
+    }
     return out;
 }
 
@@ -239,7 +244,7 @@ void CacheEndpoints::get_stats(const httplib::Request&, httplib::Response& res) 
             {"count", x.count}, {"mean_ms", x.mean_ms}, {"p50_ms", x.p50_ms}, {"p90_ms", x.p90_ms}};
     };
     json tiers = json::object();
-    for (const char* tier : {"lane", "ram", "disk"}) {
+    for (const char* tier : {"lane", "ram", "disk", "redis"}) {
         auto c = t.cached_by_tier.find(tier);
         auto v = t.saved_by_tier.find(tier);
         tiers[tier] = {{"cached_tokens", c == t.cached_by_tier.end() ? 0 : c->second},

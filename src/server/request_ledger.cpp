@@ -242,7 +242,7 @@ void RequestLedger::write_metrics(metrics::MetricsWriter& out) const {
     const char* saved =
         "Estimated prefill time the cache saved: restored tokens at the measured prefill rate, "
         "by tier.";
-    for (const char* tier : {"lane", "ram", "disk"}) {
+    for (const char* tier : {"lane", "ram", "disk", "redis"}) {
         auto it = t.saved_by_tier.find(tier);
         out.counter("skippy_cache_prefill_saved_seconds_total", saved,
                     it == t.saved_by_tier.end() ? 0.0 : it->second, {{"tier", tier}});

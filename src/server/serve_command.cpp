@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "cache/redis_store.h"
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
@@ -381,6 +382,22 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("--cache-disk-min-free", cache.disk_min_free,
                    "bytes the disk tier leaves free on its filesystem")
         ->envname("SKIPPY_CACHE_DISK_MIN_FREE")
+        ->capture_default_str();
+    app.add_option("--cache-redis", cache.redis_url,
+                   "shared Redis tier for replicas: redis://[[user]:password@]host[:port][/db] "
+                   "or unix:///path.sock[?db=N&password=X] (default: off)")
+        ->envname("SKIPPY_CACHE_REDIS")
+        ->check([](const std::string& url) -> std::string {
+            std::string why;
+            return cache::parse_redis_url(url, &why) ? std::string() : why;
+        });
+    app.add_option("--cache-redis-timeout-ms", cache.redis_timeout_ms,
+                   "Redis connect and command timeout (ms); a slower Redis is skipped")
+        ->envname("SKIPPY_CACHE_REDIS_TIMEOUT_MS")
+        ->check(CLI::Range(1u, 60000u))
+        ->capture_default_str();
+    app.add_option("--cache-redis-prefix", cache.redis_prefix, "prefix of skippy's Redis keys")
+        ->envname("SKIPPY_CACHE_REDIS_PREFIX")
         ->capture_default_str();
     // KV events for KV-aware routers, in vLLM's format (kv_event_publisher.h).
     auto& kv = c.kv_events;

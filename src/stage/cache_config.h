@@ -26,6 +26,10 @@ struct CacheConfig {
     std::string disk_dir;  // empty = $SKIPPY_CACHE_DIR or ~/.cache/skippy, + /prefix-cache
     uint64_t disk_max_bytes = 16ull << 30;  // block files + manifests
     uint64_t disk_min_free = 1ull << 30;    // left free on the filesystem
+    // Shared Redis tier (replicas of one model): empty = off (cache/redis_store.h).
+    std::string redis_url;
+    uint32_t redis_timeout_ms = 100;  // connect and each command
+    std::string redis_prefix = "skippy:";
     // RAM-tier entry changes (the KV event publisher); called with the cache mutex held.
     cache::EntryObserver on_entry_change;
 };

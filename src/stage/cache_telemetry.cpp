@@ -41,9 +41,10 @@ void CacheTelemetry::write_line(const std::string& line) {
 void CacheTelemetry::lookup(const LookupEvent& e) {
     switch (e.decision) {
         case CacheDecision::ExactHit:
-            ++(e.tier == CacheTier::Lane   ? lane_hits_
-               : e.tier == CacheTier::Disk ? disk_hits_
-                                           : ram_hits_);
+            ++(e.tier == CacheTier::Lane    ? lane_hits_
+               : e.tier == CacheTier::Disk  ? disk_hits_
+               : e.tier == CacheTier::Redis ? redis_hits_
+                                            : ram_hits_);
             break;
         case CacheDecision::Miss:
             ++misses_;
@@ -64,9 +65,10 @@ void CacheTelemetry::lookup(const LookupEvent& e) {
     }
     cached_tokens_ += static_cast<uint64_t>(e.restored_tokens);
     if (e.restored_tokens > 0) {
-        (e.tier == CacheTier::Lane   ? restored_lane_
-         : e.tier == CacheTier::Disk ? restored_disk_
-                                     : restored_ram_) += static_cast<uint64_t>(e.restored_tokens);
+        (e.tier == CacheTier::Lane    ? restored_lane_
+         : e.tier == CacheTier::Disk  ? restored_disk_
+         : e.tier == CacheTier::Redis ? restored_redis_
+                                      : restored_ram_) += static_cast<uint64_t>(e.restored_tokens);
         restore_seconds_.observe((e.lookup_ms + e.reconstruct_ms + e.import_ms) / 1000.0);
     }
     if (log_ != nullptr) {
@@ -146,6 +148,7 @@ CacheTelemetry::Totals CacheTelemetry::totals() const {
     t.restored_lane = restored_lane_;
     t.restored_ram = restored_ram_;
     t.restored_disk = restored_disk_;
+    t.restored_redis = restored_redis_;
     t.prefilled_tokens = prefilled_tokens_;
     t.records_stored = records_stored_;
     t.records_dropped = records_dropped_;
@@ -163,6 +166,8 @@ void CacheTelemetry::write_metrics(metrics::MetricsWriter& out) const {
                 {{"decision", "exact_hit"}, {"tier", "ram"}});
     out.counter("skippy_cache_lookups_total", lookups, d(disk_hits_),
                 {{"decision", "exact_hit"}, {"tier", "disk"}});
+    out.counter("skippy_cache_lookups_total", lookups, d(redis_hits_),
+                {{"decision", "exact_hit"}, {"tier", "redis"}});
     out.counter("skippy_cache_lookups_total", lookups, d(misses_), {{"decision", "miss"}});
     out.counter("skippy_cache_lookups_total", lookups, d(errors_), {{"decision", "error"}});
     out.counter("skippy_cache_lookups_total", lookups, d(off_), {{"decision", "off"}});
@@ -182,6 +187,8 @@ void CacheTelemetry::write_metrics(metrics::MetricsWriter& out) const {
                 {{"tier", "ram"}});
     out.counter("skippy_cache_restored_tokens_total", restored, d(restored_disk_),
                 {{"tier", "disk"}});
+    out.counter("skippy_cache_restored_tokens_total", restored, d(restored_redis_),
+                {{"tier", "redis"}});
     out.counter("skippy_cache_prefilled_tokens_total",
                 "Prompt tokens of lookups that were prefilled (not restored).",
                 d(prefilled_tokens_));

@@ -71,7 +71,7 @@ class CacheTelemetry {
     void write_metrics(metrics::MetricsWriter& out) const;
     std::string metrics_text() const;
 
-    uint64_t exact_hits() const { return lane_hits_ + ram_hits_ + disk_hits_; }
+    uint64_t exact_hits() const { return lane_hits_ + ram_hits_ + disk_hits_ + redis_hits_; }
     uint64_t misses() const { return misses_; }
     uint64_t quarantines() const { return quarantines_; }
 
@@ -81,7 +81,7 @@ class CacheTelemetry {
         uint64_t hits = 0;
         uint64_t prompt_tokens = 0;    // of lookups
         uint64_t restored_tokens = 0;  // all tiers
-        uint64_t restored_lane = 0, restored_ram = 0, restored_disk = 0;
+        uint64_t restored_lane = 0, restored_ram = 0, restored_disk = 0, restored_redis = 0;
         uint64_t prefilled_tokens = 0;  // prompt tokens of lookups not restored
         uint64_t records_stored = 0, records_dropped = 0, evictions = 0, quarantines = 0;
     };
@@ -95,6 +95,7 @@ class CacheTelemetry {
     std::atomic<uint64_t> lane_hits_{0}, ram_hits_{0}, disk_hits_{0}, misses_{0}, errors_{0},
         off_{0}, quarantines_{0}, cached_tokens_{0}, prompt_tokens_{0}, prefilled_tokens_{0};
     std::atomic<uint64_t> restored_lane_{0}, restored_ram_{0}, restored_disk_{0};
+    std::atomic<uint64_t> redis_hits_{0}, restored_redis_{0};
     std::atomic<uint64_t> records_queued_{0}, records_stored_{0}, records_dropped_{0},
         records_failed_{0}, records_present_{0}, exact_evictions_{0};
     // Restore latency (lookup + reconstruct + import), seconds.

@@ -65,11 +65,12 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                                            cache::DiskStore* disk, CacheTelemetry& telemetry,
                                            const PayloadLayout& layout,
                                            std::shared_ptr<BufferPool> buffers,
-                                           std::function<void()> on_release) {
+                                           std::function<void()> on_release,
+                                           cache::RedisStore* redis) {
     auto shared = std::make_shared<LaneRecord>(std::move(record));
     auto guard = std::make_shared<ReleaseGuard>();  // built in place: it must run fn once
     guard->fn = std::move(on_release);
-    return [shared, guard, &exact, disk, &telemetry, layout, buffers]() -> bool {
+    return [shared, guard, &exact, disk, redis, &telemetry, layout, buffers]() -> bool {
         bool all_ok = true;
         for (const LaneRecordItem& item : shared->items) {
             RecordEvent done;
@@ -92,6 +93,11 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                 if (done.decision == "failed") {
                     done.reason = cache::to_string(r.status);
                     all_ok = false;
+                }
+                if (redis != nullptr && r.snapshot) {
+                    // The shared tier too (the snapshot shares the RAM tier's blocks).
+                    redis->submit_write(shared->ns, key, item.page, encoded.descriptor,
+                                        *r.snapshot, encoded.cuts);
                 }
                 if (disk != nullptr && r.snapshot) {
                     // The disk tier writes from the RAM tier's blocks: the encoded bytes are

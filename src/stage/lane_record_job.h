@@ -19,6 +19,7 @@
 #include "cache/namespace_id.h"
 #include "cache/page_id.h"
 #include "cache/record_queue.h"
+#include "cache/redis_store.h"
 #include "cache/token.h"
 #include "stage/buffer_pool.h"
 #include "stage/cache_telemetry.h"
@@ -42,11 +43,13 @@ struct LaneRecord {
 
 // `disk` (may be null): every stored payload is also queued for the disk tier (its own
 // bounded writer; write-through, so what a restart finds is what RAM held). `buffers` (may be
-// null): where the capture and the encoded payloads are recycled.
+// null): where the capture and the encoded payloads are recycled. `redis` (may be null):
+// every stored payload is also queued for the shared Redis tier (its own bounded writer).
 std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateCache& exact,
                                            cache::DiskStore* disk, CacheTelemetry& telemetry,
                                            const PayloadLayout& layout,
                                            std::shared_ptr<BufferPool> buffers,
-                                           std::function<void()> on_release);
+                                           std::function<void()> on_release,
+                                           cache::RedisStore* redis = nullptr);
 
 }  // namespace skippy::stage

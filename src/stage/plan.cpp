@@ -28,6 +28,8 @@ std::string_view to_string(CacheTier tier) {
             return "ram";
         case CacheTier::Disk:
             return "disk";
+        case CacheTier::Redis:
+            return "redis";
     }
     return "?";
 }

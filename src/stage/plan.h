@@ -46,7 +46,7 @@ enum class CacheDecision : uint8_t {
 std::string_view to_string(CacheDecision decision);
 
 // Where a hit came from.
-enum class CacheTier : uint8_t { None, Lane, Ram, Disk };
+enum class CacheTier : uint8_t { None, Lane, Ram, Disk, Redis };
 std::string_view to_string(CacheTier tier);
 
 struct Plan {

@@ -80,6 +80,63 @@ void PrefixCacheStage::write_metrics(metrics::MetricsWriter& out) const {
         out.counter("skippy_cache_disk_evictions_total", "Disk entries evicted (LRU).",
                     d(s.evictions));
     }
+    if (redis_) {
+        const cache::RedisStats s = redis_->stats();
+        out.gauge("skippy_cache_redis_up",
+                  "1 while the shared Redis tier answers (0: down, retried after a back-off).",
+                  s.up ? 1.0 : 0.0);
+        out.gauge("skippy_cache_redis_write_queue_depth", "Redis writes queued or running.",
+                  d(s.queue_depth));
+        out.counter("skippy_cache_redis_outages_total", "Times the Redis tier went down.",
+                    d(s.outages));
+        out.counter("skippy_cache_redis_lookups_total", "Lookups that reached Redis.",
+                    d(s.lookups));
+        out.counter("skippy_cache_redis_hits_total",
+                    "Redis lookups that found a longer exact prefix than RAM and disk.",
+                    d(s.hits));
+        out.counter("skippy_cache_redis_misses_total", "Redis lookups that found nothing longer.",
+                    d(s.misses));
+        out.counter("skippy_cache_redis_skipped_total",
+                    "Redis lookups, reads and writes skipped while the tier was down.",
+                    d(s.skipped_down));
+        out.counter("skippy_cache_redis_reads_total", "Verified reads from Redis.", d(s.reads));
+        out.counter("skippy_cache_redis_read_bytes_total", "Payload bytes read from Redis.",
+                    d(s.read_bytes));
+        out.counter("skippy_cache_redis_promotions_total", "Entries read from Redis into RAM.",
+                    d(redis_promotions_.load()));
+        const char* failures =
+            "Redis reads that failed, by reason (bad bytes are never imported; their manifest "
+            "is deleted).";
+        for (size_t i = 1; i < s.read_failures.size(); ++i) {
+            out.counter("skippy_cache_redis_read_failures_total", failures, d(s.read_failures[i]),
+                        {{"reason", cache::to_string(static_cast<cache::RedisReadError>(i))}});
+        }
+        out.counter("skippy_cache_redis_quarantined_total", "Redis entries deleted as bad.",
+                    d(s.quarantines));
+        out.histogram("skippy_cache_redis_read_seconds",
+                      "Verified Redis reads (round trips and verification), seconds.",
+                      redis_read_seconds_.snapshot());
+        out.counter("skippy_cache_redis_writes_total", "Entries committed to Redis.", d(s.writes));
+        out.counter("skippy_cache_redis_written_bytes_total",
+                    "Block bytes sent to Redis (blocks already there are not sent).",
+                    d(s.written_bytes));
+        out.counter("skippy_cache_redis_write_skipped_total",
+                    "Redis writes of entries already there.", d(s.write_skipped));
+        const char* dropped = "Redis writes dropped, by reason.";
+        out.counter("skippy_cache_redis_dropped_total", dropped, d(s.dropped_full),
+                    {{"reason", "queue_full"}});
+        out.counter("skippy_cache_redis_dropped_total", dropped, d(s.dropped_down),
+                    {{"reason", "down"}});
+        out.counter("skippy_cache_redis_dropped_total", dropped, d(s.dropped_oom),
+                    {{"reason", "oom"}});
+        out.counter("skippy_cache_redis_dropped_total", dropped, d(s.write_failures),
+                    {{"reason", "failed"}});
+        const char* errors = "Redis errors, by kind.";
+        for (size_t i = 0; i < s.errors.size(); ++i) {
+            out.counter("skippy_cache_redis_errors_total", errors, d(s.errors[i]),
+                        {{"kind", cache::to_string(static_cast<cache::RedisErrorKind>(i))}});
+        }
+    }
     out.gauge("skippy_cache_lane_tokens", "Prefilled tokens the lanes hold for reuse in place.",
               d(lane_tokens_.load(std::memory_order_relaxed)));
     out.gauge("skippy_cache_lanes_pending",
@@ -163,6 +220,12 @@ PrefixCacheStage::MemoryView PrefixCacheStage::memory() const {
         m.disk_budget = config_.disk_max_bytes;
         m.disk_entries = d.entries;
         m.disk_queue = d.queue_depth;
+    }
+    if (redis_) {
+        const auto r = redis_->stats();
+        m.redis = true;
+        m.redis_up = r.up;
+        m.redis_queue = r.queue_depth;
     }
     m.queue_bytes = queued_bytes_->load();
     m.queue_budget = queue_budget_bytes_;

@@ -116,9 +116,10 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
         event.decision = CacheDecision::ExactHit;
         event.tier = recurrent_only ? CacheTier::Lane : CacheTier::Ram;
         std::lock_guard<std::mutex> lock(promoted_mutex_);
-        if (auto it = std::find(promoted_.begin(), promoted_.end(), hit->page);
+        if (auto it = std::find_if(promoted_.begin(), promoted_.end(),
+                                   [&](const Promoted& p) { return p.page == hit->page; });
             it != promoted_.end()) {
-            event.tier = CacheTier::Disk;  // promoted from disk for this request
+            event.tier = it->tier;  // promoted from disk or Redis for this request
             promoted_.erase(it);
         }
         return stored;
@@ -128,6 +129,16 @@ int32_t PrefixCacheStage::restore(runtime::InferenceContext& context, SeqId lane
     event.reason = "restore_failed";
     event.error = reason;
     const auto status = exact_->quarantine(*hit);
+    if (redis_ && hit->len == hit->stored_len) {
+        // Promoted from Redis for this request: its bytes are bad there too.
+        std::lock_guard<std::mutex> lock(promoted_mutex_);
+        if (auto it = std::find_if(promoted_.begin(), promoted_.end(),
+                                   [&](const Promoted& p) { return p.page == hit->page; });
+            it != promoted_.end() && it->tier == CacheTier::Redis) {
+            redis_->quarantine(ns, prompt.tokens.first(hit->stored_len));
+            promoted_.erase(it);
+        }
+    }
     hit.reset();  // the last lease: the entry goes now
     event.quarantined =
         status == cache::QuarantineStatus::Removed || status == cache::QuarantineStatus::Deferred;

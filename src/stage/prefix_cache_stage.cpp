@@ -98,18 +98,35 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     } else {
         disk_note_ = "disk=off";
     }
+    if (!config.redis_url.empty() && config.mode != CacheMode::Off) {
+        // Not fatal when Redis is down: the store retries with a back-off.
+        cache::RedisStoreOptions redis;
+        redis.url = config.redis_url;
+        redis.prefix = config.redis_prefix;
+        redis.timeout = std::chrono::milliseconds(std::max<uint32_t>(1, config.redis_timeout_ms));
+        cache::RedisOpenResult opened = cache::RedisStore::open(std::move(redis));
+        if (opened.store) {
+            redis_ = std::move(opened.store);
+            redis_note_ = "redis=" + redis_->url().redacted() + " (" + opened.message + ")";
+        } else {
+            redis_note_ = "redis=off (" + opened.message + ")";
+        }
+    }
 }
 
 PrefixCacheStage::~PrefixCacheStage() {
-    // Queued records finish (they also feed the disk tier), then the disk writer drains.
+    // Queued records finish (they also feed the disk and Redis tiers), then the writers drain.
     queue_->stop(true);
     if (disk_) {
         disk_->close(true);
     }
+    if (redis_) {
+        redis_->close(true);
+    }
 }
 
 void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
-    if (!disk_ || !lookups_enabled(prompt)) {
+    if ((!disk_ && !redis_) || !lookups_enabled(prompt)) {
         return;
     }
     const auto n = static_cast<int32_t>(prompt.tokens.size());
@@ -121,7 +138,10 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     auto query = prompt.tokens.first(static_cast<size_t>(limit));
     auto ram = exact_->peek_longest(ns, query, match_);
-    auto on_disk = disk_->peek_longest(ns, query, match_);
+    std::optional<cache::DiskPeek> on_disk;
+    if (disk_) {
+        on_disk = disk_->peek_longest(ns, query, match_);
+    }
     if (on_disk && match_ == cache::PrefixMatch::Stored &&
         !rule_.can_restore(static_cast<int32_t>(on_disk->len), b, n)) {
         // Too close to the body end to restore (restore() then looks a body chunk earlier).
@@ -129,16 +149,21 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
         ram = exact_->peek_longest(ns, query, match_);
         on_disk = disk_->peek_longest(ns, query, match_);
     }
+    // What the local tiers serve: Redis is asked only for something longer.
+    const size_t local = std::max(ram ? ram->len : 0, on_disk ? on_disk->len : 0);
     if (!on_disk || (ram && ram->len >= on_disk->len)) {
+        prefetch_redis(prompt, ns, local);
         return;
     }
     std::optional<cache::DiskHit> hit = disk_->acquire_longest(ns, query, match_);
     if (!hit || hit->tokens.size() > context_cells_per_lane_) {
+        prefetch_redis(prompt, ns, ram ? ram->len : 0);
         return;
     }
     cache::DiskReadResult read = disk_->read(hit->lease);  // verified; bad entries quarantined
     if (!read.ok()) {
         disk_read_failures_.fetch_add(1);
+        prefetch_redis(prompt, ns, ram ? ram->len : 0);
         return;
     }
     const auto cuts = payload_cuts(read.bytes.span(), hit->descriptor);
@@ -146,11 +171,61 @@ void PrefixCacheStage::prefetch(const PromptInfo& prompt) {
         exact_->insert(ns, hit->tokens, hit->page, hit->descriptor, read.bytes.span(), cuts);
     if (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent) {
         disk_promotions_.fetch_add(1);
-        std::lock_guard<std::mutex> lock(promoted_mutex_);
-        promoted_.push_back(hit->page);
-        if (promoted_.size() > 64) {
-            promoted_.erase(promoted_.begin());
-        }
+        note_promoted(hit->page, CacheTier::Disk);
+    }
+    prefetch_redis(prompt, ns, local);
+}
+
+void PrefixCacheStage::note_promoted(cache::PageId page, CacheTier tier) {
+    std::lock_guard<std::mutex> lock(promoted_mutex_);
+    promoted_.push_back({page, tier});
+    if (promoted_.size() > 64) {
+        promoted_.erase(promoted_.begin());
+    }
+}
+
+void PrefixCacheStage::prefetch_redis(const PromptInfo& prompt, const cache::NamespaceId& ns,
+                                      size_t local_len) {
+    if (!redis_) {
+        return;
+    }
+    // Entries in Redis are exact prefixes of the prompt (every model family), at most what
+    // the restore rule allows and what a lane holds.
+    const auto n = static_cast<int32_t>(prompt.tokens.size());
+    const int32_t b = body_end(prompt);
+    const auto limit = static_cast<size_t>(std::max(0, rule_.restore_limit(b, n)));
+    const size_t max_len = std::min(limit, context_cells_per_lane_);
+    const size_t min_len = std::max<size_t>(policy_.min_tokens, local_len + 1);
+    if (max_len < min_len) {
+        return;
+    }
+    std::optional<size_t> len = redis_->lookup(ns, prompt.tokens, max_len, min_len);
+    if (len && match_ == cache::PrefixMatch::Stored &&
+        !rule_.can_restore(static_cast<int32_t>(*len), b, n)) {
+        // Too close to the body end to restore: a body chunk earlier, as the disk tier.
+        const auto earlier = static_cast<size_t>(std::max(0, b - rule_.body_min));
+        len = earlier >= min_len ? redis_->lookup(ns, prompt.tokens, earlier, min_len)
+                                 : std::nullopt;
+    }
+    if (!len) {
+        return;
+    }
+    const auto tokens = prompt.tokens.first(*len);
+    cache::RedisReadResult read = redis_->read(ns, tokens);  // verified; bad ones quarantined
+    if (!read.ok()) {
+        return;  // (counted by the store, by reason)
+    }
+    redis_read_seconds_.observe(read.seconds);
+    if (read.page != page_of(ns, tokens) || read.descriptor.kind != layout_.kind) {
+        redis_->quarantine(ns, tokens);  // not what this prompt would have recorded
+        return;
+    }
+    const auto cuts = payload_cuts(read.bytes, read.descriptor);
+    const cache::ExactInsertResult r =
+        exact_->insert(ns, tokens, read.page, read.descriptor, read.bytes, cuts);
+    if (r.stored() || r.status == cache::ExactInsertStatus::AlreadyPresent) {
+        redis_promotions_.fetch_add(1);
+        note_promoted(read.page, CacheTier::Redis);
     }
 }
 
@@ -798,7 +873,8 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     auto queued_bytes = queued_bytes_;
     auto run = make_lane_record_job(std::move(record), *exact_, disk_.get(), *telemetry_, layout_,
                                     buffers_,
-                                    [queued_bytes, charged] { queued_bytes->fetch_sub(charged); });
+                                    [queued_bytes, charged] { queued_bytes->fetch_sub(charged); },
+                                    redis_.get());
     // (the release runs when the job is destroyed: after it ran, or when it was dropped)
     const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
 

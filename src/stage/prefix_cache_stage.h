@@ -40,6 +40,7 @@
 #include "cache/exact_state_cache.h"
 #include "cache/namespace_id.h"
 #include "cache/record_queue.h"
+#include "cache/redis_store.h"
 #include "runtime/model.h"
 #include "server/metrics_writer.h"
 #include "stage/buffer_pool.h"
@@ -124,6 +125,9 @@ class PrefixCacheStage final : public StageBackend {
         uint64_t disk_budget = 0;
         size_t disk_entries = 0;
         size_t disk_queue = 0;
+        bool redis = false;  // the shared tier is configured
+        bool redis_up = false;
+        size_t redis_queue = 0;
         uint64_t queue_bytes = 0;
         uint64_t queue_budget = 0;
         size_t queue_pending = 0;
@@ -139,6 +143,9 @@ class PrefixCacheStage final : public StageBackend {
     cache::DiskStore* disk_store() { return disk_.get(); }
     // Start-up note about the disk tier (opened, read-only, locked by another process...).
     const std::string& disk_note() const { return disk_note_; }
+    // The shared Redis tier (null: none), and its start-up note (empty when not configured).
+    cache::RedisStore* redis_store() { return redis_.get(); }
+    const std::string& redis_note() const { return redis_note_; }
     cache::RecordQueue* record_queue() { return queue_.get(); }
     cache::NamespaceId namespace_for(const std::string& key) const;
     // Forgets what the lanes hold (so the next restore comes from the stored entries). Any
@@ -267,10 +274,21 @@ class PrefixCacheStage final : public StageBackend {
     std::unique_ptr<cache::ExactStateCache> exact_;
     std::unique_ptr<cache::DiskStore> disk_;  // null: no disk tier
     std::string disk_note_;
-    // Pages promoted from disk by prefetch() and not restored yet (tier reporting).
+    std::unique_ptr<cache::RedisStore> redis_;  // null: no shared tier
+    std::string redis_note_;
+    // Pages promoted from disk or Redis by prefetch() and not restored yet (tier reporting).
+    struct Promoted {
+        cache::PageId page;
+        CacheTier tier = CacheTier::Disk;
+    };
     mutable std::mutex promoted_mutex_;
-    std::vector<cache::PageId> promoted_;
+    std::vector<Promoted> promoted_;
     std::atomic<uint64_t> disk_promotions_{0}, disk_read_failures_{0};
+    std::atomic<uint64_t> redis_promotions_{0};
+    metrics::Histogram redis_read_seconds_{metrics::latency_buckets_seconds()};
+    // prefetch(): Redis has a longer exact prefix than RAM and disk; read, verify, promote.
+    void prefetch_redis(const PromptInfo& prompt, const cache::NamespaceId& ns, size_t local_len);
+    void note_promoted(cache::PageId page, CacheTier tier);
     std::unique_ptr<cache::RecordQueue> queue_;
     std::unique_ptr<CacheTelemetry> telemetry_;
     std::vector<LaneState> lanes_;

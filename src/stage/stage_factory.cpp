@@ -69,6 +69,9 @@ StageSelection make_stage(const CacheConfig& config, const runtime::Model& model
         summary += " events_log=" + config.events_log_path;
     }
     summary += " " + raw->disk_note();
+    if (!raw->redis_note().empty()) {
+        summary += " " + raw->redis_note();
+    }
     selection.backend = std::move(stage);
     selection.summary = summary;
     return selection;
