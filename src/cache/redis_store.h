@@ -131,11 +131,11 @@ const char* to_string(RedisSubmit s);
 
 enum class RedisReadError : uint8_t {
     None,
-    Down,              // tier down or the command failed (connection, timeout): not the entry's fault
-    NotFound,          // no manifest (evicted, deleted)
-    BadManifest,       // does not decode, or not this namespace / tokens / descriptor
-    MissingBlock,      // partially evicted
-    Truncated,         // a block of another size
+    Down,          // tier down or the command failed (connection, timeout): not the entry's fault
+    NotFound,      // no manifest (evicted, deleted)
+    BadManifest,   // does not decode, or not this namespace / tokens / descriptor
+    MissingBlock,  // partially evicted
+    Truncated,     // a block of another size
     ChecksumMismatch,  // a block's hash or the payload checksum
     Count,
 };
@@ -169,13 +169,13 @@ struct RedisStats {
     double read_seconds_sum = 0;
     uint64_t read_seconds_count = 0;
     uint64_t submitted = 0;
-    uint64_t writes = 0;          // manifests committed
-    uint64_t written_bytes = 0;   // block bytes sent (blocks already there are not)
+    uint64_t writes = 0;         // manifests committed
+    uint64_t written_bytes = 0;  // block bytes sent (blocks already there are not)
     uint64_t new_blocks = 0;
     uint64_t reused_blocks = 0;
-    uint64_t write_skipped = 0;   // the manifest was there already
+    uint64_t write_skipped = 0;  // the manifest was there already
     uint64_t dropped_full = 0;
-    uint64_t dropped_down = 0;    // submitted while down, or lost to an error mid-write
+    uint64_t dropped_down = 0;  // submitted while down, or lost to an error mid-write
     uint64_t dropped_oom = 0;
     uint64_t write_failures = 0;  // the snapshot did not reconstruct, bad cuts
     std::array<uint64_t, static_cast<size_t>(RedisErrorKind::Count)> errors{};
@@ -261,9 +261,9 @@ class RedisStore {
     void run_remove(Job& job);
     // Connection handling (redis_store_conn.cpp).
     Conn connect(std::string* why);
-    Conn acquire();                  // null: down, or the connect failed (marked down)
-    void give_back(Conn conn);       // kept if healthy and the pool has room
-    bool available();                // false while down; true once per back-off to retry
+    Conn acquire();             // null: down, or the connect failed (marked down)
+    void give_back(Conn conn);  // kept if healthy and the pool has room
+    bool available();           // false while down; true once per back-off to retry
     void mark_down(RedisErrorKind kind, const std::string& why);
     void mark_up();
     void count_error(RedisErrorKind kind, const std::string& why);

@@ -183,8 +183,9 @@ RedisErrorKind RedisStore::kind_of(const redisContext* c) {
 
 RedisStore::Conn RedisStore::connect(std::string* why) {
     const timeval tv = to_timeval(options_.timeout);
-    redisContext* raw = url_.unix_socket ? redisConnectUnixWithTimeout(url_.path.c_str(), tv)
-                                         : redisConnectWithTimeout(url_.host.c_str(), url_.port, tv);
+    redisContext* raw = url_.unix_socket
+                            ? redisConnectUnixWithTimeout(url_.path.c_str(), tv)
+                            : redisConnectWithTimeout(url_.host.c_str(), url_.port, tv);
     Conn c(raw);
     if (!c || c->err != 0) {
         *why = std::string("connect to ") + url_.redacted() + ": " +

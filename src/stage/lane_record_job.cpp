@@ -96,8 +96,8 @@ std::function<bool()> make_lane_record_job(LaneRecord record, cache::ExactStateC
                 }
                 if (redis != nullptr && r.snapshot) {
                     // The shared tier too (the snapshot shares the RAM tier's blocks).
-                    redis->submit_write(shared->ns, key, item.page, encoded.descriptor,
-                                        *r.snapshot, encoded.cuts);
+                    redis->submit_write(shared->ns, key, item.page, encoded.descriptor, *r.snapshot,
+                                        encoded.cuts);
                 }
                 if (disk != nullptr && r.snapshot) {
                     // The disk tier writes from the RAM tier's blocks: the encoded bytes are

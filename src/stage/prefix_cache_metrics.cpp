@@ -92,8 +92,7 @@ void PrefixCacheStage::write_metrics(metrics::MetricsWriter& out) const {
         out.counter("skippy_cache_redis_lookups_total", "Lookups that reached Redis.",
                     d(s.lookups));
         out.counter("skippy_cache_redis_hits_total",
-                    "Redis lookups that found a longer exact prefix than RAM and disk.",
-                    d(s.hits));
+                    "Redis lookups that found a longer exact prefix than RAM and disk.", d(s.hits));
         out.counter("skippy_cache_redis_misses_total", "Redis lookups that found nothing longer.",
                     d(s.misses));
         out.counter("skippy_cache_redis_skipped_total",

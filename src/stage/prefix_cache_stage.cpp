@@ -204,8 +204,8 @@ void PrefixCacheStage::prefetch_redis(const PromptInfo& prompt, const cache::Nam
         !rule_.can_restore(static_cast<int32_t>(*len), b, n)) {
         // Too close to the body end to restore: a body chunk earlier, as the disk tier.
         const auto earlier = static_cast<size_t>(std::max(0, b - rule_.body_min));
-        len = earlier >= min_len ? redis_->lookup(ns, prompt.tokens, earlier, min_len)
-                                 : std::nullopt;
+        len =
+            earlier >= min_len ? redis_->lookup(ns, prompt.tokens, earlier, min_len) : std::nullopt;
     }
     if (!len) {
         return;
@@ -871,10 +871,9 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     record.items = std::move(items);
     record.tokens = state.tokens;
     auto queued_bytes = queued_bytes_;
-    auto run = make_lane_record_job(std::move(record), *exact_, disk_.get(), *telemetry_, layout_,
-                                    buffers_,
-                                    [queued_bytes, charged] { queued_bytes->fetch_sub(charged); },
-                                    redis_.get());
+    auto run = make_lane_record_job(
+        std::move(record), *exact_, disk_.get(), *telemetry_, layout_, buffers_,
+        [queued_bytes, charged] { queued_bytes->fetch_sub(charged); }, redis_.get());
     // (the release runs when the job is destroyed: after it ran, or when it was dropped)
     const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
 

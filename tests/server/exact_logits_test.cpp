@@ -10,10 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
-
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
