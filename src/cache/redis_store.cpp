@@ -411,19 +411,42 @@ void RedisStore::run_write(Job& job) {
         ++counters_.write_skipped;
         return;
     }
-    cmds.clear();
-    uint64_t new_bytes = 0;
-    size_t new_blocks = 0;
+    auto refused = [&](const Reply& r) {
+        const bool oom = is_oom(r);
+        count_error(oom ? RedisErrorKind::Oom : RedisErrorKind::Reply, error_text(r));
+        std::lock_guard lock(mu_);
+        ++(oom ? counters_.dropped_oom : counters_.write_failures);
+    };
+    // Missing blocks, a few per round trip (hiredis copies a pipeline into its buffer).
+    constexpr size_t kBlocksPerBatch = 16;
+    std::vector<size_t> missing;
     for (size_t u = 0; u < block_keys.size(); ++u) {
         if (!exists(replies[u + 1])) {
-            const auto& b = prep.blocks[first_of[u]];
-            cmds.push_back(
-                {"SET", block_keys[u],
-                 std::string_view(reinterpret_cast<const char*>(bytes.data() + b.offset), b.size)});
-            new_bytes += b.size;
-            ++new_blocks;
+            missing.push_back(u);
         }
     }
+    uint64_t new_bytes = 0;
+    for (size_t i = 0; i < missing.size(); i += kBlocksPerBatch) {
+        cmds.clear();
+        for (size_t k = i; k < std::min(missing.size(), i + kBlocksPerBatch); ++k) {
+            const auto& b = prep.blocks[first_of[missing[k]]];
+            cmds.push_back(
+                {"SET", block_keys[missing[k]],
+                 std::string_view(reinterpret_cast<const char*>(bytes.data() + b.offset), b.size)});
+            new_bytes += b.size;
+        }
+        if (!pipeline(writer_conn_.get(), cmds, replies)) {
+            lost();
+            return;
+        }
+        for (const Reply& r : replies) {
+            if (is_error(r)) {
+                refused(r);  // (the blocks stored so far stay, for the next write needing them)
+                return;
+            }
+        }
+    }
+    const size_t new_blocks = missing.size();
     disk::Manifest m;
     m.ns = job.ns;
     m.page = job.page;
@@ -434,37 +457,17 @@ void RedisStore::run_write(Job& job) {
     }
     m.payload_checksum = disk::payload_checksum(bytes.size(), m.blocks);
     const std::vector<uint8_t> manifest = disk::encode_manifest(m);
-    // The manifest is the commit point: sent after its blocks, in the same pipeline (Redis
-    // runs one connection's commands in order), and only counted when every SET succeeded.
-    cmds.push_back(
-        {"SET", mkey,
-         std::string_view(reinterpret_cast<const char*>(manifest.data()), manifest.size())});
-    if (!pipeline(writer_conn_.get(), cmds, replies)) {
+    // The manifest is the commit point: sent once every block is stored.
+    if (!pipeline(
+            writer_conn_.get(),
+            {{"SET", mkey,
+              std::string_view(reinterpret_cast<const char*>(manifest.data()), manifest.size())}},
+            replies)) {
         lost();
         return;
     }
-    const Reply* failed = nullptr;
-    for (const Reply& r : replies) {
-        if (is_error(r)) {
-            failed = &r;
-            break;
-        }
-    }
-    if (failed != nullptr) {
-        const bool oom = is_oom(*failed);
-        count_error(oom ? RedisErrorKind::Oom : RedisErrorKind::Reply, error_text(*failed));
-        {
-            std::lock_guard lock(mu_);
-            ++(oom ? counters_.dropped_oom : counters_.write_failures);
-        }
-        // A block failed but the manifest may have been stored after it: delete it, the
-        // entry is not complete (its blocks stay, for the next write that needs them).
-        if (!is_error(replies.back())) {
-            std::vector<Reply> ignored;
-            if (!pipeline(writer_conn_.get(), {{"DEL", mkey}}, ignored)) {
-                lost();
-            }
-        }
+    if (is_error(replies[0])) {
+        refused(replies[0]);
         return;
     }
     const std::string len = std::to_string(job.tokens.size());
@@ -473,14 +476,11 @@ void RedisStore::run_write(Job& job) {
         return;
     }
     if (is_error(replies[0])) {
-        const bool oom = is_oom(replies[0]);
-        count_error(oom ? RedisErrorKind::Oom : RedisErrorKind::Reply, error_text(replies[0]));
+        refused(replies[0]);  // not findable by lookups: the manifest goes too
         std::vector<Reply> ignored;
         if (!pipeline(writer_conn_.get(), {{"DEL", mkey}}, ignored)) {
             lost();
         }
-        std::lock_guard lock(mu_);
-        ++(oom ? counters_.dropped_oom : counters_.write_failures);
         return;
     }
     std::lock_guard lock(mu_);

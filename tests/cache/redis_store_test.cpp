@@ -180,6 +180,18 @@ TEST_F(RedisStoreTest, RoundTrip) {
     EXPECT_EQ(store->lookup(ns, longer.tokens, 400, 350), std::optional<size_t>(400));
 }
 
+TEST_F(RedisStoreTest, ManyBlocksGoInSeveralBatches) {
+    auto store = open();
+    const NamespaceId ns = test_namespace();
+    const PrefixPayload p = prefix_payload(ns, 2, 64 * 50);  // 50 blocks of 4 KiB
+    ASSERT_EQ(submit(*store, ns, p), RedisSubmit::Queued);
+    store->flush();
+    EXPECT_EQ(store->stats().new_blocks, 50u);
+    RedisReadResult r = store->read(ns, p.tokens);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(r.bytes, p.bytes);
+}
+
 TEST_F(RedisStoreTest, LongestPrefixAmongSeveralLengths) {
     auto store = open();
     const NamespaceId ns = test_namespace();
