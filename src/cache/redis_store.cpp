@@ -327,6 +327,16 @@ bool RedisStore::writer_pipeline(const std::vector<std::vector<std::string_view>
     return pipeline(writer_conn_.get(), commands, replies);
 }
 
+std::string RedisStore::writer_lost() {
+    if (!writer_conn_) {
+        return "the tier is down";  // (writer_pipeline's reconnect failed: marked down there)
+    }
+    std::string why = writer_conn_->errstr;
+    mark_down(kind_of(writer_conn_.get()), why);
+    writer_conn_.reset();
+    return why;
+}
+
 void RedisStore::run_remove(Job& job) {
     std::string why;
     if (!writer_connection(&why)) {
@@ -338,9 +348,53 @@ void RedisStore::run_remove(Job& job) {
     }
     std::vector<Reply> replies;
     if (!writer_pipeline(cmds, replies)) {
-        mark_down(kind_of(writer_conn_.get()), writer_conn_->errstr);
-        writer_conn_.reset();
+        writer_lost();
+        return;
     }
+    if (job.pattern.empty()) {
+        return;
+    }
+    // A namespace: every manifest matching the pattern (SCAN, a page per round trip).
+    std::string cursor = "0";
+    do {
+        if (!pipeline(writer_conn_.get(), {{"SCAN", cursor, "MATCH", job.pattern, "COUNT", "1000"}},
+                      replies)) {
+            writer_lost();
+            return;
+        }
+        const redisReply* r = replies[0].get();
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+            count_error(RedisErrorKind::Reply, "SCAN: unexpected reply");
+            return;
+        }
+        cursor.assign(r->element[0]->str, r->element[0]->len);
+        Command del{"DEL"};
+        for (size_t i = 0; i < r->element[1]->elements; ++i) {
+            const redisReply* k = r->element[1]->element[i];
+            del.emplace_back(k->str, k->len);
+        }
+        if (del.size() > 1) {
+            std::vector<Reply> ignored;  // (`del` points into `replies`: kept until sent)
+            if (!pipeline(writer_conn_.get(), {del}, ignored)) {
+                writer_lost();
+                return;
+            }
+        }
+    } while (cursor != "0");
+}
+
+void RedisStore::remove_namespace(const NamespaceId& ns) {
+    Job job;
+    job.remove = true;
+    job.keys = {lengths_key(ns)};
+    job.pattern = options_.prefix + "m:" + ns.hex() + ":*";
+    std::lock_guard lock(mu_);
+    if (stopping_) {
+        return;
+    }
+    queue_.push_back(std::move(job));
+    work_cv_.notify_one();
 }
 
 void RedisStore::run_write(Job& job) {
@@ -377,12 +431,7 @@ void RedisStore::run_write(Job& job) {
         drop(&RedisStats::dropped_down, "write dropped: " + why);
         return;
     }
-    auto lost = [&]() {
-        const std::string why = writer_conn_->errstr;
-        mark_down(kind_of(writer_conn_.get()), why);
-        writer_conn_.reset();
-        drop(&RedisStats::dropped_down, "write dropped: " + why);
-    };
+    auto lost = [&]() { drop(&RedisStats::dropped_down, "write dropped: " + writer_lost()); };
     // Unique blocks of the payload (by hash: XXH3-128 collisions are not planned for; a read
     // verifies every block against its hash and size anyway).
     std::vector<std::string> block_keys;

@@ -216,6 +216,9 @@ class RedisStore {
     RedisReadResult read(const NamespaceId& ns, std::span<const Token> tokens);
     // Deletes the entry's manifest (asynchronously; a restore of its bytes failed).
     void quarantine(const NamespaceId& ns, std::span<const Token> tokens);
+    // Deletes every entry of the namespace (asynchronously: its manifests and length set;
+    // the blocks, which other namespaces may share, are left to Redis' eviction).
+    void remove_namespace(const NamespaceId& ns);
 
     // Waits until every queued write and deletion is done.
     void flush();
@@ -238,6 +241,7 @@ class RedisStore {
     struct Job {
         bool remove = false;  // quarantine: delete `keys`
         std::vector<std::string> keys;
+        std::string pattern;  // remove: and every key SCAN finds with it
         NamespaceId ns;
         std::vector<Token> tokens;
         PageId page;
@@ -273,6 +277,7 @@ class RedisStore {
     // Writer thread: its connection (reopened after an outage), and the first command
     // batch of a job, retried once on a new connection when the old one was idle.
     bool writer_connection(std::string* why);
+    std::string writer_lost();  // marks the tier down, drops the connection; why
     bool writer_pipeline(const std::vector<std::vector<std::string_view>>& commands,
                          std::vector<detail::RedisReplyPtr>& replies);
 

@@ -200,6 +200,9 @@ size_t PrefixCacheStage::flush_namespace(const cache::NamespaceId& ns) {
     if (disk_) {
         removed += disk_->remove_namespace(ns);
     }
+    if (redis_) {
+        redis_->remove_namespace(ns);  // (asynchronous; not counted here)
+    }
     return removed;
 }
 

@@ -229,6 +229,24 @@ TEST_F(RedisStoreTest, NamespacesAreIsolated) {
     EXPECT_TRUE(r.bytes.empty());
 }
 
+TEST_F(RedisStoreTest, RemoveNamespace) {
+    auto store = open();
+    const NamespaceId a = test_namespace("tenant-a");
+    const NamespaceId b = test_namespace("tenant-b");
+    for (size_t n : {100, 200, 300}) {
+        ASSERT_EQ(submit(*store, a, prefix_payload(a, 6, n)), RedisSubmit::Queued);
+    }
+    const PrefixPayload other = prefix_payload(b, 6, 200);
+    ASSERT_EQ(submit(*store, b, other), RedisSubmit::Queued);
+    store->flush();
+    store->remove_namespace(a);
+    store->flush();
+    const PrefixPayload p = prefix_payload(a, 6, 300);
+    EXPECT_FALSE(store->lookup(a, p.tokens, p.tokens.size()));
+    EXPECT_EQ(cli({"EXISTS", store->lengths_key(a)}), "0");
+    EXPECT_TRUE(store->read(b, other.tokens).ok());
+}
+
 TEST_F(RedisStoreTest, MissingBlockIsAnErrorAndQuarantines) {
     auto store = open();
     const NamespaceId ns = test_namespace();
