@@ -34,13 +34,14 @@
 // never blocks the submitter: the queue is bounded (entries and bytes), a full queue drops
 // the write and counts it.
 //
-// Read (calling thread, a small pool of connections): lookup = ZRANGEBYSCORE of the lengths
-// <= max_len, then one pipelined EXISTS of the manifests of those prefixes of the query; the
-// longest existing wins. read = GET manifest, decode and verify it (checksum, namespace,
-// tokens, descriptor), MGET its blocks, verify every block's size and XXH3-128 and the
-// payload checksum, and only then return the bytes. Anything wrong (a block missing because
-// Redis evicted it, truncated or tampered bytes, a bad manifest) returns an error with its
-// reason, is counted, and the manifest (and any bad block) is deleted by the writer thread.
+// Read (calling thread, a small pool of connections): lookup = ZREVRANGEBYSCORE of the lengths
+// <= max_len (the longest 256), then pipelined EXISTS of the manifests of those prefixes of the
+// query, 64 a round trip; the longest existing wins. read = GET manifest, decode and verify it
+// (checksum, namespace, tokens, descriptor), MGET its blocks, verify every block's size and
+// XXH3-128 and the payload checksum, and only then return the bytes. Anything wrong (a block
+// missing because Redis evicted it, truncated or tampered bytes, a bad manifest) returns an error
+// with its reason, is counted, and the manifest (and any bad block) is deleted by the writer
+// thread.
 //
 // Failures. Every connect and command has a timeout (100 ms by default). A connection error
 // or a timeout marks the tier down for a back-off (2 s), logged once per outage and once
@@ -108,8 +109,8 @@ struct RedisStoreOptions {
     size_t queue_capacity = 16;               // queued writes, not counting the one running
     uint64_t max_queued_bytes = 1ull << 30;   // payload bytes held by the queue
     size_t block_bytes = kDefaultBlockBytes;
-    size_t pool_size = 4;        // idle read connections kept
-    size_t max_candidates = 32;  // lengths tried per lookup, longest first
+    size_t pool_size = 4;         // idle read connections kept
+    size_t max_candidates = 256;  // lengths tried per lookup, longest first (64 a round trip)
     // Once per outage, and once when the tier is back; default: one line on stderr.
     std::function<void(std::string_view)> log;
 };

@@ -29,7 +29,10 @@ std::optional<size_t> RedisStore::lookup(const NamespaceId& ns, std::span<const 
     std::vector<Reply> replies;
     const std::string lo = std::to_string(std::max<size_t>(1, min_len));
     const std::string hi = std::to_string(max_len);
-    if (!pipeline(c.get(), {{"ZRANGEBYSCORE", lengths_key(ns), lo, hi}}, replies)) {
+    // Longest first, at most max_candidates of them.
+    const std::string limit = std::to_string(options_.max_candidates);
+    if (!pipeline(c.get(), {{"ZREVRANGEBYSCORE", lengths_key(ns), hi, lo, "LIMIT", "0", limit}},
+                  replies)) {
         mark_down(kind_of(c.get()), c->errstr);
         return std::nullopt;
     }
@@ -53,13 +56,17 @@ std::optional<size_t> RedisStore::lookup(const NamespaceId& ns, std::span<const 
     if (lengths.size() > options_.max_candidates) {
         lengths.resize(options_.max_candidates);
     }
+    // The manifests of those prefixes of the query, longest first, a batch per round trip
+    // (the lengths of other conversations of the namespace are candidates too).
+    constexpr size_t kBatch = 64;
     std::optional<size_t> found;
-    if (!lengths.empty()) {
+    for (size_t i = 0; i < lengths.size() && !found; i += kBatch) {
+        const size_t end = std::min(lengths.size(), i + kBatch);
         std::vector<std::string> keys;
         std::vector<Command> cmds;
-        keys.reserve(lengths.size());
-        for (size_t len : lengths) {
-            keys.push_back(manifest_key(ns, tokens.first(len)));
+        keys.reserve(end - i);
+        for (size_t j = i; j < end; ++j) {
+            keys.push_back(manifest_key(ns, tokens.first(lengths[j])));
         }
         for (const auto& k : keys) {
             cmds.push_back({"EXISTS", k});
@@ -68,9 +75,9 @@ std::optional<size_t> RedisStore::lookup(const NamespaceId& ns, std::span<const 
             mark_down(kind_of(c.get()), c->errstr);
             return std::nullopt;
         }
-        for (size_t i = 0; i < replies.size(); ++i) {
-            if (replies[i]->type == REDIS_REPLY_INTEGER && replies[i]->integer > 0) {
-                found = lengths[i];
+        for (size_t j = 0; j < replies.size(); ++j) {
+            if (replies[j]->type == REDIS_REPLY_INTEGER && replies[j]->integer > 0) {
+                found = lengths[i + j];
                 break;
             }
         }

@@ -212,6 +212,23 @@ TEST_F(RedisStoreTest, LongestPrefixAmongSeveralLengths) {
     EXPECT_EQ(store->lookup(ns, other, other.size()), std::optional<size_t>(100));
 }
 
+TEST_F(RedisStoreTest, LongestPrefixBelowManyOtherLengths) {
+    // A shared head of 150 tokens below 100 other conversations' longer entries: found in
+    // the second batch of candidates.
+    RedisStoreOptions o;
+    o.queue_capacity = 128;
+    auto store = open(o);
+    const NamespaceId ns = test_namespace();
+    for (size_t i = 0; i < 100; ++i) {
+        ASSERT_EQ(submit(*store, ns, prefix_payload(ns, 100 + i, 201 + i, 64)),
+                  RedisSubmit::Queued);
+    }
+    ASSERT_EQ(submit(*store, ns, prefix_payload(ns, 3, 150, 64)), RedisSubmit::Queued);
+    store->flush();
+    const PrefixPayload q = prefix_payload(ns, 3, 470, 64);
+    EXPECT_EQ(store->lookup(ns, q.tokens, q.tokens.size()), std::optional<size_t>(150));
+}
+
 TEST_F(RedisStoreTest, NamespacesAreIsolated) {
     auto store = open();
     const NamespaceId a = test_namespace("tenant-a");
