@@ -60,7 +60,11 @@ std::optional<size_t> RedisStore::lookup(const NamespaceId& ns, std::span<const 
     // (the lengths of other conversations of the namespace are candidates too).
     constexpr size_t kBatch = 64;
     std::optional<size_t> found;
+    const auto t0 = Clock::now();
     for (size_t i = 0; i < lengths.size() && !found; i += kBatch) {
+        if (i > 0 && Clock::now() - t0 > options_.timeout) {
+            break;  // a slow Redis: what the first batches found (nothing) is the answer
+        }
         const size_t end = std::min(lengths.size(), i + kBatch);
         std::vector<std::string> keys;
         std::vector<Command> cmds;
