@@ -6,6 +6,8 @@
 - The point of it: on a multi-session workload the token-weighted hit rate of turns >= 2
   through the key-hashing balancer beats round-robin (no shared tier in either, so only
   the replicas' local caches can hit).
+- With the shared Redis tier (deploy/replicas' default), round-robin hits too: turns that
+  land on another replica are served from what another replica wrote.
 - `down` stops every process it started.
 """
 import json
@@ -168,6 +170,9 @@ def main():
     assert rr_moved == SESSIONS, "round-robin kept a session on one replica"
     assert keyed > rr, (keyed, rr)
     assert keyed > 0.5, keyed
+    # The shared tier: round-robin moves every session, yet turns hit what another wrote.
+    shared, _ = hit_rate("roundrobin", True, model)
+    assert shared > 0.5, ("the shared tier did not serve the moved turns", shared, rr)
     print("deploy: ok")
 
 
