@@ -1,4 +1,4 @@
-// Fuzz target: the connection loop's framing of raw request bytes (server/http_framing.h).
+// Fuzz target: the connection loop's framing of raw request bytes (server/http/http_framing.h).
 //
 // Input: byte 0 picks a split point, the rest is what a client sent. Checks that nothing
 // crashes or reads out of bounds, that the head end is found where the first empty line is,
@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "fuzz_models.h"
-#include "server/http_framing.h"
+#include "server/http/http_framing.h"
 
 using namespace skippy::server;
 using skippy::fuzz::fail;

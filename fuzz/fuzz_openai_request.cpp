@@ -18,9 +18,9 @@
 #include "runtime/chat_template.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
-#include "server/api_error.h"
-#include "server/openai_request.h"
-#include "server/text_output.h"
+#include "server/api/api_error.h"
+#include "server/api/openai_request.h"
+#include "server/api/text_output.h"
 
 namespace {
 

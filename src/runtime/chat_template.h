@@ -50,7 +50,7 @@ struct ToolDefinition {
 };
 
 // What, besides the messages, changes the rendered prompt. Part of the identity of every
-// rendered head (see server/message_boundaries.h).
+// rendered head (see server/prompt/message_boundaries.h).
 struct ChatContext {
     std::vector<ToolDefinition> tools;
     std::map<std::string, std::string> template_kwargs;  // name -> JSON text

@@ -15,8 +15,8 @@
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
-#include "server/access_log.h"
-#include "server/api_keys.h"
+#include "server/http/access_log.h"
+#include "server/http/api_keys.h"
 #include "stage/stage_factory.h"
 
 namespace skippy::server {
@@ -260,7 +260,7 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("--max-body-bytes", c.http.max_body_bytes, "largest request body (413 above)")
         ->envname("SKIPPY_MAX_BODY_BYTES")
         ->capture_default_str();
-    // HTTP connection limits against slow and hostile clients (src/server/connection_server.h).
+    // HTTP connection limits against slow and hostile clients (src/server/http/connection_server.h).
     app.add_option("--http-max-connections", c.http.max_connections,
                    "open connections (503 beyond; at most the open-file limit allows)")
         ->envname("SKIPPY_HTTP_MAX_CONNECTIONS")

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "runtime/model.h"
-#include "server/http_server.h"
-#include "server/kv_event_publisher.h"
-#include "server/scheduler.h"
+#include "server/http/http_server.h"
+#include "server/observe/kv_event_publisher.h"
+#include "server/schedule/scheduler.h"
 #include "stage/cache_config.h"
 
 namespace CLI {

@@ -11,7 +11,7 @@
 #include "cache/prefix_identity.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
-#include "server/scheduler.h"
+#include "server/schedule/scheduler.h"
 #include "stage/prefix_cache_stage.h"
 #include "test_models.h"
 

@@ -1,6 +1,6 @@
 // ConnectionServer in process, over loopback sockets: keep-alive and pipelining, the limits
 // (head/body timeouts, connection cap), concurrent clients, stop with connections open.
-#include "server/connection_server.h"
+#include "server/http/connection_server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -23,7 +23,7 @@
 
 #include "rpc_servers.h"
 #include "runtime/model.h"
-#include "server/scheduler.h"
+#include "server/schedule/scheduler.h"
 #include "stage/prefix_cache_stage.h"
 #include "test_models.h"
 

@@ -1,5 +1,5 @@
 // GenerationStream: the consumer wakes when the producer pushes, not on its timeout.
-#include "server/generation_stream.h"
+#include "server/schedule/generation_stream.h"
 
 #include <gtest/gtest.h>
 

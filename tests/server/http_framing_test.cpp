@@ -1,6 +1,6 @@
 // The connection loop's request framing: where a head ends, what body follows, chunked
 // bodies arriving in pieces.
-#include "server/http_framing.h"
+#include "server/http/http_framing.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // MessageBoundaryFinder (memoized, O(messages) per turn) against the brute-force definition
 // it replaces (one template render per boundary), on several conversations and on every chat
 // template shipped in llama.cpp's models/templates/.
-#include "server/message_boundaries.h"
+#include "server/prompt/message_boundaries.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include "nlohmann/json.hpp"
 #include "runtime/factory/model_factory.h"
-#include "server/openai_request.h"
+#include "server/api/openai_request.h"
 #include "test_models.h"
 
 namespace skippy::server {

@@ -1,6 +1,6 @@
 // MetricsWriter: families grouped whatever the order samples are added in, label escaping,
 // integer formatting, cumulative histograms.
-#include "server/metrics_writer.h"
+#include "server/observe/metrics_writer.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // its new messages gives exactly the tokens of a whole tokenization, for every shipped chat
 // template, a SentencePiece and a BPE vocabulary (with the template's special tokens), and
 // replies with text that looks like markup.
-#include "server/prompt_token_memo.h"
+#include "server/prompt/prompt_token_memo.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
-#include "server/openai_request.h"
+#include "server/api/openai_request.h"
 #include "test_models.h"
 
 namespace skippy::server {

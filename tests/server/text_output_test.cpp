@@ -1,8 +1,8 @@
-#include "server/text_output.h"
+#include "server/api/text_output.h"
 
 #include <gtest/gtest.h>
 
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 
 namespace skippy::server {
 namespace {

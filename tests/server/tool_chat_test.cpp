@@ -12,10 +12,10 @@
 #include "runtime/chat_template.h"
 #include "runtime/factory/model_factory.h"
 #include "runtime/model.h"
-#include "server/api_error.h"
-#include "server/chat_reply.h"
-#include "server/openai_request.h"
-#include "server/schema_support.h"
+#include "server/api/api_error.h"
+#include "server/api/chat_reply.h"
+#include "server/api/openai_request.h"
+#include "server/api/schema_support.h"
 #include "test_models.h"
 
 namespace skippy::server {
