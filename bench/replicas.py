@@ -77,6 +77,7 @@ def load_deploy():
 
 class Redis:
     def __init__(self, folder):
+        os.makedirs(folder, exist_ok=True)
         self.sock = os.path.join(folder, "redis.sock")
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
