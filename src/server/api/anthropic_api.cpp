@@ -1,6 +1,7 @@
 #include "server/api/anthropic_api.h"
 
 #include "server/api/api_error.h"
+#include "server/api/block_stream_response.h"
 #include "server/api/chat_reply.h"
 #include "server/api/json_fields.h"
 
@@ -558,15 +559,14 @@ json usage(const GenerationStats& stats) {
                 {"output_tokens", stats.completion_tokens}};
 }
 
-class AnthropicResponse final : public ApiResponse {
+class AnthropicResponse final : public BlockStreamResponse {
   public:
     AnthropicResponse(std::shared_ptr<const ParsedRequest> parsed, bool omit_thinking,
                       json applied_edits)
-        : parsed_(std::move(parsed)),
+        : BlockStreamResponse(std::move(parsed)),
           omit_thinking_(omit_thinking),
           applied_edits_(std::move(applied_edits)),
-          id_(random_id("msg_")),
-          reply_(parsed_->chat_parser, parsed_->tool_call_id_base) {}
+          id_(random_id("msg_")) {}
 
     std::string stream_start() override {
         json message = {{"id", id_},
@@ -584,40 +584,20 @@ class AnthropicResponse final : public ApiResponse {
         return sse_event("message_start", json{{"type", "message_start"}, {"message", message}});
     }
 
-    std::string on_delta(size_t, const StreamEvent& delta) override {
-        if (!parsed_->stream) {
-            text_ += delta.text;
-            return "";
-        }
-        return events(blocks_.add(reply_.append(delta.text)));
-    }
-
-    std::string on_done(size_t, const GenerationStats& stats) override {
-        stats_ = stats;
-        if (!parsed_->stream) {
-            final_ = parse_reply(parsed_->chat_parser.get(), text_, parsed_->tool_call_id_base);
-            return "";
-        }
-        std::string out = events(blocks_.add(reply_.finish()));
-        out += events(blocks_.close());
-        final_ = reply_.reply();
-        return out;
-    }
-
     std::string finish() override {
         if (!parsed_->stream) {
             using ojson = nlohmann::ordered_json;
             ojson content = ojson::array();
-            if (!final_.reasoning_content.empty()) {
+            if (!reply().reasoning_content.empty()) {
                 content.push_back(
                     ojson{{"type", "thinking"},
-                          {"thinking", omit_thinking_ ? std::string() : final_.reasoning_content},
+                          {"thinking", omit_thinking_ ? std::string() : reply().reasoning_content},
                           {"signature", ""}});
             }
-            if (!final_.content.empty()) {
-                content.push_back(ojson{{"type", "text"}, {"text", final_.content}});
+            if (!reply().content.empty()) {
+                content.push_back(ojson{{"type", "text"}, {"text", reply().content}});
             }
-            for (const auto& call : final_.tool_calls) {
+            for (const auto& call : reply().tool_calls) {
                 content.push_back(ojson{{"type", "tool_use"},
                                         {"id", call.id},
                                         {"name", call.name},
@@ -628,10 +608,10 @@ class AnthropicResponse final : public ApiResponse {
                          {"role", "assistant"},
                          {"model", parsed_->model},
                          {"content", content},
-                         {"stop_reason", stop_reason(stats_, final_)},
-                         {"stop_sequence", ojson::parse(stop_sequence(stats_).dump())},
-                         {"usage", ojson::parse(usage(stats_).dump())},
-                         {"skippy", ojson::parse(skippy_json(stats_, parsed_->parse_ms).dump())}};
+                         {"stop_reason", stop_reason(stats(), reply())},
+                         {"stop_sequence", ojson::parse(stop_sequence(stats()).dump())},
+                         {"usage", ojson::parse(usage(stats()).dump())},
+                         {"skippy", ojson::parse(skippy_json(stats(), parsed_->parse_ms).dump())}};
             if (!applied_edits_.is_null()) {
                 out["context_management"] =
                     ojson{{"applied_edits", ojson::parse(applied_edits_.dump())}};
@@ -640,10 +620,10 @@ class AnthropicResponse final : public ApiResponse {
         }
         json delta = {{"type", "message_delta"},
                       {"delta",
-                       {{"stop_reason", stop_reason(stats_, final_)},
-                        {"stop_sequence", stop_sequence(stats_)}}},
-                      {"usage", usage(stats_)},
-                      {"skippy", skippy_json(stats_, parsed_->parse_ms)}};
+                       {{"stop_reason", stop_reason(stats(), reply())},
+                        {"stop_sequence", stop_sequence(stats())}}},
+                      {"usage", usage(stats())},
+                      {"skippy", skippy_json(stats(), parsed_->parse_ms)}};
         if (!applied_edits_.is_null()) {
             delta["context_management"] = json{{"applied_edits", applied_edits_}};
         }
@@ -661,7 +641,7 @@ class AnthropicResponse final : public ApiResponse {
     }
 
   private:
-    std::string events(const std::vector<BlockEvent>& list) {
+    std::string render(const std::vector<BlockEvent>& list) override {
         std::string out;
         for (const auto& e : list) {
             switch (e.type) {
@@ -708,15 +688,9 @@ class AnthropicResponse final : public ApiResponse {
         return out;
     }
 
-    std::shared_ptr<const ParsedRequest> parsed_;
     bool omit_thinking_ = false;
     json applied_edits_;  // null: the request had no context_management
     std::string id_;
-    ReplyAccumulator reply_;
-    ReplyBlocks blocks_;
-    std::string text_;
-    runtime::ChatReply final_;
-    GenerationStats stats_;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "server/api/api_error.h"
+#include "server/api/block_stream_response.h"
 #include "server/api/chat_reply.h"
 #include "server/api/json_fields.h"
 
@@ -303,14 +304,13 @@ json responses_to_chat(const json& body, RequestNotes& notes) {
 
 namespace {
 
-class ResponsesResponse final : public ApiResponse {
+class ResponsesResponse final : public BlockStreamResponse {
   public:
     ResponsesResponse(std::shared_ptr<const ParsedRequest> parsed, json request)
-        : parsed_(std::move(parsed)),
+        : BlockStreamResponse(std::move(parsed)),
           request_(std::move(request)),
           id_(random_id("resp_")),
-          created_(static_cast<int64_t>(std::time(nullptr))),
-          reply_(parsed_->chat_parser, parsed_->tool_call_id_base) {}
+          created_(static_cast<int64_t>(std::time(nullptr))) {}
 
     std::string stream_start() override {
         json response = response_object("in_progress");
@@ -318,32 +318,12 @@ class ResponsesResponse final : public ApiResponse {
         return out + event("response.in_progress", json{{"response", response}});
     }
 
-    std::string on_delta(size_t, const StreamEvent& delta) override {
-        if (!parsed_->stream) {
-            text_ += delta.text;
-            return "";
-        }
-        return events(blocks_.add(reply_.append(delta.text)));
-    }
-
-    std::string on_done(size_t, const GenerationStats& stats) override {
-        stats_ = stats;
-        if (!parsed_->stream) {
-            final_ = parse_reply(parsed_->chat_parser.get(), text_, parsed_->tool_call_id_base);
-            return "";
-        }
-        std::string out = events(blocks_.add(reply_.finish()));
-        out += events(blocks_.close());
-        final_ = reply_.reply();
-        return out;
-    }
-
     std::string finish() override {
-        const bool complete = stats_.finish_reason != "length";
+        const bool complete = stats().finish_reason != "length";
         json response = response_object(complete ? "completed" : "incomplete");
         response["output"] = output_items();
         response["usage"] = usage();
-        response["skippy"] = skippy_json(stats_, parsed_->parse_ms);
+        response["skippy"] = skippy_json(stats(), parsed_->parse_ms);
         if (!complete) {
             response["incomplete_details"] = {{"reason", "max_output_tokens"}};
         }
@@ -392,11 +372,11 @@ class ResponsesResponse final : public ApiResponse {
     }
 
     json usage() const {
-        return json{{"input_tokens", stats_.prompt_tokens},
-                    {"input_tokens_details", {{"cached_tokens", stats_.cached_tokens}}},
-                    {"output_tokens", stats_.completion_tokens},
+        return json{{"input_tokens", stats().prompt_tokens},
+                    {"input_tokens_details", {{"cached_tokens", stats().cached_tokens}}},
+                    {"output_tokens", stats().completion_tokens},
                     {"output_tokens_details", {{"reasoning_tokens", 0}}},
-                    {"total_tokens", stats_.prompt_tokens + stats_.completion_tokens}};
+                    {"total_tokens", stats().prompt_tokens + stats().completion_tokens}};
     }
 
     std::string item_id(size_t block, const char* prefix) const {
@@ -434,13 +414,13 @@ class ResponsesResponse final : public ApiResponse {
         }
         json items = json::array();
         size_t block = 0;
-        if (!final_.reasoning_content.empty()) {
-            items.push_back(reasoning_item(block++, final_.reasoning_content));
+        if (!reply().reasoning_content.empty()) {
+            items.push_back(reasoning_item(block++, reply().reasoning_content));
         }
-        if (!final_.content.empty() || final_.tool_calls.empty()) {
-            items.push_back(message_item(block++, final_.content, "completed"));
+        if (!reply().content.empty() || reply().tool_calls.empty()) {
+            items.push_back(message_item(block++, reply().content, "completed"));
         }
-        for (const auto& call : final_.tool_calls) {
+        for (const auto& call : reply().tool_calls) {
             items.push_back(call_item(block++, call, "completed"));
         }
         return items;
@@ -452,7 +432,7 @@ class ResponsesResponse final : public ApiResponse {
         return sse_event(type, payload);
     }
 
-    std::string events(const std::vector<BlockEvent>& list) {
+    std::string render(const std::vector<BlockEvent>& list) override {
         std::string out;
         for (const auto& e : list) {
             const size_t index = e.block;
@@ -544,18 +524,12 @@ class ResponsesResponse final : public ApiResponse {
         return out;
     }
 
-    std::shared_ptr<const ParsedRequest> parsed_;
     json request_;
     std::string id_;
     int64_t created_;
-    ReplyAccumulator reply_;
-    ReplyBlocks blocks_;
-    std::string text_;
     std::string open_text_;
     runtime::ToolCall open_call_;
     json streamed_items_ = json::array();
-    runtime::ChatReply final_;
-    GenerationStats stats_;
     uint64_t sequence_ = 0;
 };
 
