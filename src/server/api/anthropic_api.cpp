@@ -15,38 +15,25 @@ namespace {
 // prefix cache is automatic and citations do not change the output).
 std::string block_text(const json& content, const std::string& where,
                        bool allow_references = false) {
-    if (content.is_string()) {
-        return checked_text(content, where);
+    static const TextParts kText = {.types = {"text"},
+                                    .ignored = {"cache_control", "citations"},
+                                    .expected = "a text block",
+                                    .unsupported = "images and documents are not supported",
+                                    .array_of = "blocks"};
+    if (!allow_references) {
+        return text_of_parts(content, where, kText);
     }
-    if (!content.is_array()) {
-        throw invalid_request("'" + where + "' must be a string or an array of blocks", where);
-    }
-    std::string out;
-    for (size_t i = 0; i < content.size(); ++i) {
-        const json& block = content[i];
-        const std::string w = where + "[" + std::to_string(i) + "]";
-        if (allow_references && block.is_object() && block.value("type", "") == "tool_reference") {
+    return text_of_parts(
+        content, where, kText, [](const json& block, const std::string& w, std::string& out) {
+            if (!block.is_object() || block.value("type", "") != "tool_reference") {
+                return false;
+            }
             // Tool search: the tool it names is now in the model's tool list.
             reject_unknown_fields(
                 block, {{"type", FieldUse::Honored}, {"tool_name", FieldUse::Honored}}, w);
             out += "Tool loaded: " + string_field(block, "tool_name", "", w) + "\n";
-            continue;
-        }
-        if (!block.is_object() || block.value("type", "") != "text") {
-            throw invalid_request("'" + w +
-                                      "' must be a text block (images and documents are "
-                                      "not supported)",
-                                  w);
-        }
-        reject_unknown_fields(block,
-                              {{"type", FieldUse::Honored},
-                               {"text", FieldUse::Honored},
-                               {"cache_control", FieldUse::Ignored},
-                               {"citations", FieldUse::Ignored}},
-                              w);
-        out += checked_text(block.value("text", json("")), w + ".text");
-    }
-    return out;
+            return true;
+        });
 }
 
 // `ordered`: the same message with its object keys in the client's order (a tool_use input

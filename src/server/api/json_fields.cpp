@@ -87,7 +87,7 @@ std::string string_field(const json& body, const char* name, const std::string& 
     return checked_text(*value, where.empty() ? std::string(name) : where + "." + name);
 }
 
-void reject_unknown_fields(const json& body, std::initializer_list<FieldRule> rules,
+void reject_unknown_fields(const json& body, std::span<const FieldRule> rules,
                            const std::string& where, std::vector<std::string>* unknown) {
     if (!body.is_object()) {
         return;
@@ -122,6 +122,39 @@ void reject_unknown_fields(const json& body, std::initializer_list<FieldRule> ru
                 "unsupported_parameter");
         }
     }
+}
+
+std::string text_of_parts(const json& content, const std::string& where, const TextParts& rules,
+                          const SpecialPart& special) {
+    if (content.is_string()) {
+        return checked_text(content, where);
+    }
+    if (!content.is_array()) {
+        throw invalid_request(
+            "'" + where + "' must be a string or an array of " + std::string(rules.array_of),
+            where);
+    }
+    std::vector<FieldRule> fields = {{"type", FieldUse::Honored}, {"text", FieldUse::Honored}};
+    for (std::string_view name : rules.ignored) {
+        fields.push_back({name, FieldUse::Ignored});
+    }
+    std::string out;
+    for (size_t i = 0; i < content.size(); ++i) {
+        const json& part = content[i];
+        const std::string w = where + "[" + std::to_string(i) + "]";
+        if (special && special(part, w, out)) {
+            continue;
+        }
+        const std::string type = part.is_object() ? part.value("type", "") : "";
+        if (std::find(rules.types.begin(), rules.types.end(), type) == rules.types.end()) {
+            throw invalid_request("'" + w + "' must be " + std::string(rules.expected) + " (" +
+                                      std::string(rules.unsupported) + ")",
+                                  w);
+        }
+        reject_unknown_fields(part, fields, w);
+        out += checked_text(part.value("text", json("")), w + ".text");
+    }
+    return out;
 }
 
 }  // namespace skippy::server

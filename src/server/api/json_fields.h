@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,8 +41,32 @@ struct FieldRule {
 // such fields are accepted instead and their names (prefixed by `where`) appended to it:
 // the request body's top level, where a client's next release may add fields that change
 // nothing here (DESIGN.md, API policy: accepted and reported).
-void reject_unknown_fields(const nlohmann::json& body, std::initializer_list<FieldRule> rules,
+void reject_unknown_fields(const nlohmann::json& body, std::span<const FieldRule> rules,
                            const std::string& where = "",
                            std::vector<std::string>* unknown = nullptr);
+inline void reject_unknown_fields(const nlohmann::json& body,
+                                  std::initializer_list<FieldRule> rules,
+                                  const std::string& where = "",
+                                  std::vector<std::string>* unknown = nullptr) {
+    reject_unknown_fields(body, std::span<const FieldRule>(rules.begin(), rules.size()), where,
+                          unknown);
+}
+
+// The text of a message's content in any dialect: a string, or an array of text parts.
+// A part is an object whose "type" is one of `types`, with "text" and the `ignored` fields
+// (FieldUse::Ignored); anything else is a 400 naming the part:
+// "'<where>[i]' must be <expected> (<unsupported>)". `special` may take a part first: it
+// returns true after appending that part's text to `out`.
+struct TextParts {
+    std::vector<std::string_view> types;
+    std::vector<std::string_view> ignored;
+    std::string_view expected;     // "a text block"
+    std::string_view unsupported;  // "images and documents are not supported"
+    std::string_view array_of;     // "blocks": "must be a string or an array of blocks"
+};
+using SpecialPart =
+    std::function<bool(const nlohmann::json& part, const std::string& where, std::string& out)>;
+std::string text_of_parts(const nlohmann::json& content, const std::string& where,
+                          const TextParts& rules, const SpecialPart& special = nullptr);
 
 }  // namespace skippy::server

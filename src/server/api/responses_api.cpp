@@ -14,33 +14,12 @@ using nlohmann::json;
 namespace {
 
 std::string item_text(const json& content, const std::string& where) {
-    if (content.is_string()) {
-        return checked_text(content, where);
-    }
-    if (!content.is_array()) {
-        throw invalid_request("'" + where + "' must be a string or an array of content parts",
-                              where);
-    }
-    std::string out;
-    for (size_t i = 0; i < content.size(); ++i) {
-        const json& part = content[i];
-        const std::string w = where + "[" + std::to_string(i) + "]";
-        const std::string type = part.is_object() ? part.value("type", "") : "";
-        if (type != "input_text" && type != "output_text" && type != "text") {
-            throw invalid_request("'" + w +
-                                      "' must be an input_text or output_text part (images, "
-                                      "audio and files are not supported)",
-                                  w);
-        }
-        reject_unknown_fields(part,
-                              {{"type", FieldUse::Honored},
-                               {"text", FieldUse::Honored},
-                               {"annotations", FieldUse::Ignored},
-                               {"logprobs", FieldUse::Ignored}},
-                              w);
-        out += checked_text(part.value("text", json("")), w + ".text");
-    }
-    return out;
+    static const TextParts kText = {.types = {"input_text", "output_text", "text"},
+                                    .ignored = {"annotations", "logprobs"},
+                                    .expected = "an input_text or output_text part",
+                                    .unsupported = "images, audio and files are not supported",
+                                    .array_of = "content parts"};
+    return text_of_parts(content, where, kText);
 }
 
 }  // namespace
