@@ -10,28 +10,24 @@
 #include "server/api/anthropic_api.h"
 #include "server/api/api_error.h"
 #include "server/api/api_response.h"
-#include "server/http/background_work.h"
-#include "server/observe/cache_endpoints.h"
-#include "server/http/connection_server.h"
-#include "server/observe/dashboard.h"
-#include "server/http/http_framing.h"
 #include "server/api/json_fields.h"
-#include "server/observe/metrics_writer.h"
-#include "server/observe/request_ledger.h"
 #include "server/api/responses_api.h"
 #include "server/api/text_output.h"
 #include "server/api/token_endpoints.h"
+#include "server/http/background_work.h"
+#include "server/http/connection_server.h"
+#include "server/http/http_framing.h"
+#include "server/http/http_server_impl.h"
+#include "server/observe/cache_endpoints.h"
+#include "server/observe/dashboard.h"
+#include "server/observe/metrics_writer.h"
+#include "server/observe/request_ledger.h"
 
 namespace skippy::server {
 
 using nlohmann::json;
 
 namespace {
-
-// Handler threads wait on their GenerationStream's condition variable, which wakes them
-// as soon as the scheduler pushes output; the timeout only bounds how long a handler goes
-// without checking whether its client has gone (then the lane is freed).
-constexpr auto kDisconnectCheck = std::chrono::milliseconds(50);
 
 void send_error(httplib::Response& res, int status, const std::string& type,
                 const std::string& message, const std::string& param = "",
@@ -72,71 +68,17 @@ ConnectionLimits connection_limits(const HttpServerOptions& o, const Scheduler& 
 
 }  // namespace
 
-struct HttpServer::Impl {
-    HttpServerOptions options;
-    Scheduler& scheduler;
-    const OpenAiRequestParser& parser;
-    std::string model_id;
-    std::function<std::string()> extra_metrics;
-    ApiKeys keys;
-    AccessLog access_log;
-    RequestLedger ledger;
-    std::atomic<bool> stopping{false};
-    CacheEndpoints cache_endpoints;
-    ConnectionServer server;
-    BackgroundWork background;
-    std::time_t started = std::time(nullptr);
-
-    Impl(HttpServerOptions o, Scheduler& s, const OpenAiRequestParser& p, std::string id,
-         std::function<std::string()> m)
-        : options(std::move(o)),
-          scheduler(s),
-          parser(p),
-          model_id(std::move(id)),
-          extra_metrics(std::move(m)),
-          keys(options.api_keys),
-          access_log(options.access_log),
-          cache_endpoints(scheduler, keys, ledger, model_id, stopping),
-          server(connection_limits(options, scheduler)) {}
-
-    void setup();
-    // Paths open without a key: /health, and the dashboard page (it holds no data; it
-    // asks for the key and sends it with its requests).
-    static bool open_path(const httplib::Request& req) {
-        return req.path == "/health" || req.path == "/dashboard";
-    }
-    // Whether the request must carry a configured API key and does not.
-    bool unauthorized(const httplib::Request& req) const {
-        return keys.enabled() && !open_path(req) && keys.match(req) < 0;
-    }
-    // A generation request's body as a ParsedRequest: `translate` (a dialect: Messages,
-    // Responses) turns the JSON body into a chat completions body and notes what it accepted
-    // without effect or left out; without it the body is `endpoint`'s own. Then the
-    // request's cache tenant (API key, cache_salt) and its access-log record. Throws ApiError
-    // or std::invalid_argument.
-    using Translate = std::function<json(const json& body, RequestNotes& notes)>;
-    std::shared_ptr<ParsedRequest> parse_generation(Endpoint endpoint, const httplib::Request& req,
-                                                    httplib::Response& res,
-                                                    const Translate& translate = {}) const;
-    void handle_generation(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-    // Runs the request's generations (n choices, one after the other) and answers with
-    // `writer`'s format, streamed or not. `send_error` formats errors before any output.
-    void serve(std::shared_ptr<const ParsedRequest> parsed, std::shared_ptr<ApiResponse> writer,
-               const httplib::Request& req, httplib::Response& res);
-    void handle_anthropic(const httplib::Request& req, httplib::Response& res);
-    void handle_anthropic_count(const httplib::Request& req, httplib::Response& res);
-    void handle_responses(const httplib::Request& req, httplib::Response& res);
-    void handle_tokenize(const httplib::Request& req, httplib::Response& res);
-    void handle_detokenize(const httplib::Request& req, httplib::Response& res);
-    void send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
-                        const std::string& type, const std::string& message) const;
-    bool json_content_type(const httplib::Request& req, httplib::Response& res) const;
-    // Prompt tokens of a chat body (Anthropic's context edits measure what they clear).
-    TokenCounter token_counter() const {
-        return [this](const json& chat) { return parser.count_chat_tokens(chat); };
-    }
-    std::string metrics_text() const;
-};
+HttpServer::Impl::Impl(HttpServerOptions o, Scheduler& s, const OpenAiRequestParser& p,
+                       std::string id, std::function<std::string()> m)
+    : options(std::move(o)),
+      scheduler(s),
+      parser(p),
+      model_id(std::move(id)),
+      extra_metrics(std::move(m)),
+      keys(options.api_keys),
+      access_log(options.access_log),
+      cache_endpoints(scheduler, keys, ledger, model_id, stopping),
+      server(connection_limits(options, scheduler)) {}
 
 void HttpServer::Impl::setup() {
     server.set_payload_max_length(options.max_body_bytes);
@@ -543,230 +485,6 @@ void HttpServer::Impl::handle_detokenize(const httplib::Request& req, httplib::R
     } catch (const ApiError& e) {
         send_error(res, e);
     }
-}
-
-void HttpServer::Impl::send_api_error(httplib::Response& res, const ApiResponse& writer, int status,
-                                      const std::string& type, const std::string& message) const {
-    if (status == 503 || status == 429) {
-        res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-    }
-    res.status = status;
-    res.set_content(dump_json(writer.error_json(status, type, message, "", "")),
-                    "application/json");
-}
-
-namespace {
-
-// The generations of one request: its choices run one after the other.
-struct ChoiceRun {
-    std::shared_ptr<const ParsedRequest> parsed;
-    std::shared_ptr<ApiResponse> writer;
-    std::shared_ptr<AccessRecord> record;
-    size_t choice = 0;
-    std::shared_ptr<GenerationStream> stream;
-    std::deque<StreamEvent> pending;
-    bool started = false;  // streaming: stream_start() sent
-
-    size_t choices() const { return static_cast<size_t>(std::max(parsed->n, 1)); }
-
-    Admission submit(Scheduler& scheduler) {
-        GenerationRequest gen = parsed->generation;
-        if (choice > 0) {
-            gen.render_turn_end = nullptr;  // the conversation continues with choice 0
-            if (gen.sampling.seed != 0xFFFFFFFFu) {
-                gen.sampling.seed += static_cast<uint32_t>(choice);
-            }
-        }
-        writer->prepare_choice(choice, gen);
-        stream = std::make_shared<GenerationStream>();
-        if (parsed->stream) {
-            stream->expect_handoff();
-        }
-        return scheduler.submit(std::move(gen), stream);
-    }
-};
-
-}  // namespace
-
-void HttpServer::Impl::serve(std::shared_ptr<const ParsedRequest> parsed,
-                             std::shared_ptr<ApiResponse> writer, const httplib::Request& req,
-                             httplib::Response& res) {
-    auto run = std::make_shared<ChoiceRun>();
-    run->parsed = parsed;
-    run->writer = writer;
-    run->record = AccessLog::shared_record(res);
-    if (!parsed->notes.ignored_fields.empty()) {
-        res.set_header("x-skippy-ignored-fields",
-                       AccessLog::header_value(parsed->notes.ignored_fields));
-    }
-    if (!parsed->notes.dropped_tools.empty()) {
-        res.set_header("x-skippy-dropped-tools",
-                       AccessLog::header_value(parsed->notes.dropped_tools));
-    }
-    const auto admit = [&](ChoiceRun& r) {
-        switch (r.submit(scheduler)) {
-            case Admission::Accepted:
-                return true;
-            case Admission::QueueFull:
-                res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
-                res.status = 429;
-                res.set_content(dump_json(r.writer->error_json(
-                                    429, "rate_limit_error",
-                                    "Server is busy: the request queue is full, retry later", "",
-                                    "queue_full")),
-                                "application/json");
-                r.record->error_code = "queue_full";
-                return false;
-            case Admission::Stopped:
-                send_api_error(res, *r.writer, 503, "server_error", "Server is shutting down");
-                return false;
-        }
-        return false;
-    };
-    if (!admit(*run)) {
-        return;
-    }
-    if (!parsed->stream) {
-        // Checked on a timer, not only when no event came: while tokens flow, the wait never
-        // times out, and a client that left would keep its lane until max_tokens.
-        auto next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
-        for (;;) {
-            auto events = run->stream->take_all(kDisconnectCheck);
-            if (events.empty() || std::chrono::steady_clock::now() >= next_check) {
-                next_check = std::chrono::steady_clock::now() + kDisconnectCheck;
-                if (req.is_connection_closed()) {
-                    run->stream->cancel();
-                    run->record->cancelled = true;
-                    return;
-                }
-            }
-            for (auto& event : events) {
-                switch (event.kind) {
-                    case StreamEvent::Kind::Delta:
-                        writer->on_delta(run->choice, event);
-                        break;
-                    case StreamEvent::Kind::Progress:
-                        break;  // (streamed responses only)
-                    case StreamEvent::Kind::Error:
-                        send_api_error(res, *writer, event.http_status, event.error_type,
-                                       event.error_message);
-                        return;
-                    case StreamEvent::Kind::Done:
-                        run->record->add(event.stats);
-                        writer->on_done(run->choice, event.stats);
-                        if (run->choice == 0) {
-                            background.post_next_turn(*parsed, event.text);
-                        }
-                        if (++run->choice < run->choices()) {
-                            if (!admit(*run)) {
-                                return;
-                            }
-                            break;
-                        }
-                        res.set_content(writer->finish(), "application/json");
-                        return;
-                }
-            }
-        }
-    }
-    // Wait for the first event so that errors before any output keep their HTTP status.
-    for (;;) {
-        auto events = run->stream->take_all(kDisconnectCheck);
-        if (events.empty()) {
-            if (req.is_connection_closed()) {
-                run->stream->cancel();
-                run->record->cancelled = true;
-                return;
-            }
-            continue;
-        }
-        const StreamEvent& first = events.front();
-        if (first.kind == StreamEvent::Kind::Error) {
-            send_api_error(res, *writer, first.http_status, first.error_type, first.error_message);
-            return;
-        }
-        run->pending = std::move(events);
-        break;
-    }
-    res.set_header("Cache-Control", "no-cache");
-    run->record->streamed = true;  // logged when the stream ends (the releaser below)
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, run](size_t, httplib::DataSink& sink) {
-            // Everything that is ready goes out in one write.
-            std::string out;
-            if (!run->started) {
-                run->started = true;
-                out += run->writer->stream_start();
-            }
-            for (;;) {
-                if (run->pending.empty()) {
-                    run->pending = run->stream->take_all(
-                        out.empty() ? kDisconnectCheck : std::chrono::milliseconds(0));
-                }
-                if (run->pending.empty()) {
-                    if (!out.empty()) {
-                        if (!sink.write(out.data(), out.size())) {
-                            run->stream->cancel();
-                            return false;
-                        }
-                        run->stream->handed_off();
-                        out.clear();
-                        continue;
-                    }
-                    if (!sink.is_writable()) {
-                        run->stream->cancel();
-                        return false;
-                    }
-                    continue;
-                }
-                StreamEvent event = std::move(run->pending.front());
-                run->pending.pop_front();
-                if (event.kind == StreamEvent::Kind::Delta) {
-                    out += run->writer->on_delta(run->choice, event);
-                    continue;
-                }
-                if (event.kind == StreamEvent::Kind::Progress) {
-                    out += run->writer->on_progress(run->choice, event);
-                    continue;
-                }
-                if (event.kind == StreamEvent::Kind::Error) {
-                    run->record->stream_error = event.error_type;
-                    out += run->writer->stream_error(event.http_status, event.error_type,
-                                                     event.error_message);
-                } else {
-                    run->record->add(event.stats);
-                    out += run->writer->on_done(run->choice, event.stats);
-                    if (run->choice == 0) {
-                        background.post_next_turn(*run->parsed, event.text);
-                    }
-                    if (++run->choice < run->choices()) {
-                        if (run->submit(scheduler) == Admission::Accepted) {
-                            continue;
-                        }
-                        run->record->stream_error = "server_error";
-                        out += run->writer->stream_error(503, "server_error",
-                                                         "Server is busy: the next choice was "
-                                                         "not admitted");
-                    } else {
-                        out += run->writer->finish();
-                    }
-                }
-                if (!sink.write(out.data(), out.size())) {
-                    run->stream->cancel();
-                    return false;
-                }
-                sink.done();
-                return true;
-            }
-        },
-        [this, run](bool completed) {
-            // Connection finished (normally or not): make sure the lane is freed.
-            if (run->stream && !run->stream->closed()) {
-                run->stream->cancel();
-            }
-            access_log.stream_finished(*run->record, completed);
-        });
 }
 
 HttpServer::HttpServer(HttpServerOptions options, Scheduler& scheduler,
