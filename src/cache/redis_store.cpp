@@ -1,8 +1,10 @@
 // RedisStore: the queue and writer thread, lookups and verified reads (redis_store.h).
 #include "cache/redis_store.h"
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3 states on the stack
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <charconv>
@@ -36,6 +38,27 @@ RedisStoreOptions with_defaults(RedisStoreOptions o) {
 }
 
 }  // namespace
+
+std::vector<std::pair<size_t, Hash128>> detail::page_prefix_keys(const NamespaceId& ns,
+                                                                 std::span<const Token> tokens,
+                                                                 size_t page, size_t lo) {
+    std::vector<std::pair<size_t, Hash128>> out;
+    if (page == 0) {
+        return out;
+    }
+    lo = std::max(lo, page);
+    XXH3_state_t state;  // as disk::entry_key: the namespace digest, then the tokens
+    XXH3_128bits_reset(&state);
+    XXH3_128bits_update(&state, ns.digest().bytes.data(), ns.digest().bytes.size());
+    for (size_t b = page; b <= tokens.size(); b += page) {
+        XXH3_128bits_update(&state, tokens.data() + (b - page), page * sizeof(Token));
+        if (b >= lo) {
+            const XXH128_hash_t h = XXH3_128bits_digest(&state);
+            out.emplace_back(b, Hash128{h.low64, h.high64});
+        }
+    }
+    return out;
+}
 
 void detail::RedisReplyFree::operator()(::redisReply* r) const {
     if (r != nullptr) {
@@ -142,6 +165,10 @@ std::string RedisStore::manifest_key(const NamespaceId& ns, std::span<const Toke
 
 std::string RedisStore::lengths_key(const NamespaceId& ns) const {
     return options_.prefix + "l:" + ns.hex();
+}
+
+std::string RedisStore::pointer_key(const NamespaceId& ns, std::span<const Token> prefix) const {
+    return options_.prefix + "p:" + ns.hex() + ":" + hex128(disk::entry_key(ns, prefix));
 }
 
 bool RedisStore::up() const { return up_.load(std::memory_order_relaxed); }
@@ -351,44 +378,46 @@ void RedisStore::run_remove(Job& job) {
         writer_lost();
         return;
     }
-    if (job.pattern.empty()) {
-        return;
-    }
-    // A namespace: every manifest matching the pattern (SCAN, a page per round trip).
-    std::string cursor = "0";
-    do {
-        if (!pipeline(writer_conn_.get(), {{"SCAN", cursor, "MATCH", job.pattern, "COUNT", "1000"}},
-                      replies)) {
-            writer_lost();
-            return;
-        }
-        const redisReply* r = replies[0].get();
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-            count_error(RedisErrorKind::Reply, "SCAN: unexpected reply");
-            return;
-        }
-        cursor.assign(r->element[0]->str, r->element[0]->len);
-        Command del{"DEL"};
-        for (size_t i = 0; i < r->element[1]->elements; ++i) {
-            const redisReply* k = r->element[1]->element[i];
-            del.emplace_back(k->str, k->len);
-        }
-        if (del.size() > 1) {
-            std::vector<Reply> ignored;  // (`del` points into `replies`: kept until sent)
-            if (!pipeline(writer_conn_.get(), {del}, ignored)) {
+    // A namespace: every manifest and pointer matching the patterns (SCAN, a page per round
+    // trip).
+    for (const std::string& pattern : job.patterns) {
+        std::string cursor = "0";
+        do {
+            if (!pipeline(writer_conn_.get(), {{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}},
+                          replies)) {
                 writer_lost();
                 return;
             }
-        }
-    } while (cursor != "0");
+            const redisReply* r = replies[0].get();
+            if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+                r->element[0]->type != REDIS_REPLY_STRING ||
+                r->element[1]->type != REDIS_REPLY_ARRAY) {
+                count_error(RedisErrorKind::Reply, "SCAN: unexpected reply");
+                return;
+            }
+            cursor.assign(r->element[0]->str, r->element[0]->len);
+            Command del{"DEL"};
+            for (size_t i = 0; i < r->element[1]->elements; ++i) {
+                const redisReply* k = r->element[1]->element[i];
+                del.emplace_back(k->str, k->len);
+            }
+            if (del.size() > 1) {
+                std::vector<Reply> ignored;  // (`del` points into `replies`: kept until sent)
+                if (!pipeline(writer_conn_.get(), {del}, ignored)) {
+                    writer_lost();
+                    return;
+                }
+            }
+        } while (cursor != "0");
+    }
 }
 
 void RedisStore::remove_namespace(const NamespaceId& ns) {
     Job job;
     job.remove = true;
     job.keys = {lengths_key(ns)};
-    job.pattern = options_.prefix + "m:" + ns.hex() + ":*";
+    job.patterns = {options_.prefix + "m:" + ns.hex() + ":*",
+                    options_.prefix + "p:" + ns.hex() + ":*"};
     std::lock_guard lock(mu_);
     if (stopping_) {
         return;
@@ -519,10 +548,36 @@ void RedisStore::run_write(Job& job) {
         refused(replies[0]);
         return;
     }
+    // The length, and for an entry whose KV pages truncate (dense models: kv-pages without
+    // recurrent state) the page-prefix pointers: any prefix of it is servable.
     const std::string len = std::to_string(job.tokens.size());
-    if (!pipeline(writer_conn_.get(), {{"ZADD", lengths_key(job.ns), len, len}}, replies)) {
+    const std::string lkey = lengths_key(job.ns);
+    cmds.clear();
+    cmds.push_back({"ZADD", lkey, len, len});
+    const bool truncates = job.descriptor.kind == PayloadKind::KvPages &&
+                           job.descriptor.recurrent_bytes == 0 && job.descriptor.kv_bytes > 0;
+    std::vector<std::string> pointers;  // key, value, key, value, ...
+    if (truncates) {
+        const std::string value = len + ":" + mkey;
+        for (const auto& [b, key] :
+             page_prefix_keys(job.ns, job.tokens, options_.page_tokens, options_.page_tokens)) {
+            pointers.push_back(options_.prefix + "p:" + job.ns.hex() + ":" + hex128(key));
+            pointers.push_back(value);
+        }
+        for (size_t i = 0; i < pointers.size(); i += 2) {
+            cmds.push_back({"SET", pointers[i], pointers[i + 1]});
+        }
+    }
+    if (!pipeline(writer_conn_.get(), cmds, replies)) {
         lost();
         return;
+    }
+    for (size_t i = 1; i < replies.size(); ++i) {
+        if (is_error(replies[i])) {  // (the entry is still found at its exact length)
+            count_error(is_oom(replies[i]) ? RedisErrorKind::Oom : RedisErrorKind::Reply,
+                        error_text(replies[i]));
+            break;
+        }
     }
     if (is_error(replies[0])) {
         refused(replies[0]);  // not findable by lookups: the manifest goes too

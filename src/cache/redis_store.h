@@ -16,6 +16,9 @@
 //       RedisReadResult r = redis.read(ns, prompt.first(*len));  // verified, or quarantined
 //       if (r.ok()) promote(r.page, r.descriptor, r.bytes);
 //   }
+//   // dense models (PrefixMatch::Common): also an entry longer than the shared part
+//   RedisReadResult r = redis.read_longest(ns, prompt, max_len, min_len, PrefixMatch::Common);
+//   if (r.ok()) promote(r.tokens, r.page, r.descriptor, r.bytes);  // serves r.len tokens
 //   redis.stats();                                         // counters for /metrics
 //
 // Keys (prefix "skippy:" by default; RedisStoreOptions::prefix):
@@ -25,12 +28,18 @@
 //                                         (entry key: disk::entry_key(ns, tokens))
 //   <prefix>l:<ns hex>                    sorted set of the token lengths of the namespace's
 //                                         entries (score = member = length), for lookups
+//   <prefix>p:<ns hex>:<prefix key hex>   page-prefix pointer: "<entry length>:<manifest key>"
+//                                         of the newest entry whose tokens start with that
+//                                         prefix (a multiple of page_tokens long; prefix key:
+//                                         disk::entry_key(ns, prefix)); truncatable entries only
 // The namespace digest covers the weights, llama.cpp's version, the KV layout, the device
 // layout and the tenant (prompt_cache_key): tenants never see each other's entries.
 //
 // Write (its own thread and connection): reconstruct the snapshot, cut it into blocks (the
 // disk tier's block size and cuts), one pipelined EXISTS for the manifest and every block,
-// SET the missing blocks, SET the manifest (the commit point), ZADD the length. A write
+// SET the missing blocks, SET the manifest (the commit point), then ZADD the length and, for
+// an entry whose payload truncates to any prefix (kv-pages without recurrent state: dense
+// models), SET a page-prefix pointer per page_tokens boundary, pipelined. A write
 // never blocks the submitter: the queue is bounded (entries and bytes), a full queue drops
 // the write and counts it.
 //
@@ -79,6 +88,7 @@
 #include "cache/namespace_id.h"
 #include "cache/page_id.h"
 #include "cache/payload_descriptor.h"
+#include "cache/radix_index.h"
 #include "cache/token.h"
 
 struct redisContext;
@@ -101,6 +111,9 @@ struct RedisUrl {
 };
 std::optional<RedisUrl> parse_redis_url(std::string_view url, std::string* why);
 
+// The kv-pages page size (runtime::kKvPageTokens; prefix_cache_prefetch.cpp checks they agree).
+inline constexpr size_t kRedisPageTokens = 64;
+
 struct RedisStoreOptions {
     std::string url;
     std::string prefix = "skippy:";
@@ -111,6 +124,10 @@ struct RedisStoreOptions {
     size_t block_bytes = kDefaultBlockBytes;
     size_t pool_size = 4;         // idle read connections kept
     size_t max_candidates = 256;  // lengths tried per lookup, longest first (64 a round trip)
+    // Page-prefix pointers every page_tokens (the kv-pages page size, runtime::kKvPageTokens);
+    // 0: none written or read.
+    size_t page_tokens = kRedisPageTokens;
+    size_t max_pointers = 512;  // deepest boundaries read per lookup (one MGET)
     // Once per outage, and once when the tier is back; default: one line on stderr.
     std::function<void(std::string_view)> log;
 };
@@ -148,6 +165,11 @@ struct RedisReadResult {
     PageId page;
     PayloadDescriptor descriptor;
     std::vector<uint8_t> bytes;  // the verified payload
+    // read_longest: the entry's token path (longer than `len` when it was found by a page-prefix
+    // pointer) and how many tokens of the query it serves (its common prefix with the query,
+    // at most max_len).
+    std::vector<Token> tokens;
+    size_t len = 0;
     double seconds = 0;
     bool ok() const { return error == RedisReadError::None; }
 };
@@ -215,9 +237,17 @@ class RedisStore {
                                  size_t max_len, size_t min_len = 1);
     // Reads and verifies the entry stored exactly at `tokens`. Bad entries are quarantined.
     RedisReadResult read(const NamespaceId& ns, std::span<const Token> tokens);
+    // Lookup and read in one: the entry that serves the longest prefix of `tokens` (at least
+    // min_len, at most max_len tokens). Stored: lookup() then read(). Common: also entries
+    // longer than what they share with `tokens`, found by their page-prefix pointers (at most
+    // max_entry_len tokens long); r.tokens is the entry's path, r.len what it serves. A miss is
+    // NotFound.
+    RedisReadResult read_longest(const NamespaceId& ns, std::span<const Token> tokens,
+                                 size_t max_len, size_t min_len, PrefixMatch match,
+                                 size_t max_entry_len = SIZE_MAX);
     // Deletes the entry's manifest (asynchronously; a restore of its bytes failed).
     void quarantine(const NamespaceId& ns, std::span<const Token> tokens);
-    // Deletes every entry of the namespace (asynchronously: its manifests and length set;
+    // Deletes every entry of the namespace (asynchronously: its manifests, pointers and length set;
     // the blocks, which other namespaces may share, are left to Redis' eviction).
     void remove_namespace(const NamespaceId& ns);
 
@@ -235,6 +265,8 @@ class RedisStore {
     std::string block_key(const Hash128& hash) const;
     std::string manifest_key(const NamespaceId& ns, std::span<const Token> tokens) const;
     std::string lengths_key(const NamespaceId& ns) const;
+    // The page-prefix pointer of tokens[0, n) (n a multiple of page_tokens).
+    std::string pointer_key(const NamespaceId& ns, std::span<const Token> prefix) const;
     // Tests: the writer takes no job while paused.
     void debug_pause_writer(bool paused);
 
@@ -242,7 +274,7 @@ class RedisStore {
     struct Job {
         bool remove = false;  // quarantine: delete `keys`
         std::vector<std::string> keys;
-        std::string pattern;  // remove: and every key SCAN finds with it
+        std::vector<std::string> patterns;  // remove: and every key SCAN finds with them
         NamespaceId ns;
         std::vector<Token> tokens;
         PageId page;
@@ -275,6 +307,16 @@ class RedisStore {
     // Error kind of a failed connection (timeout or I/O).
     static RedisErrorKind kind_of(const redisContext* c);
     void enqueue_remove(std::vector<std::string> keys);
+    // Read side (redis_store_read.cpp). The longest of `lengths` whose manifest exists (a
+    // prefix of `tokens`); false: the connection failed (marked down).
+    bool longest_existing(redisContext* c, const NamespaceId& ns, std::span<const Token> tokens,
+                          const std::vector<size_t>& lengths, std::optional<size_t>* found);
+    // GET the manifest `mkey`, verify it and its blocks. shared == 0: the entry is exactly
+    // `query`; else its path must start with query[0, shared) (`pointer` led to it: deleted
+    // when the entry is gone or does not match) and serve at least min_len of `query`.
+    RedisReadResult read_manifest(const NamespaceId& ns, const std::string& mkey,
+                                  std::span<const Token> query, size_t shared,
+                                  const std::string& pointer, size_t min_len, size_t max_len);
     // Writer thread: its connection (reopened after an outage), and the first command
     // batch of a job, retried once on a new connection when the old one was idle.
     bool writer_connection(std::string* why);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cache/redis_store.h"
@@ -50,6 +51,12 @@ inline bool is_oom(const Reply& r) {
     return is_error(r) && std::string_view(r->str, r->len).starts_with("OOM");
 }
 inline std::string error_text(const Reply& r) { return std::string(r->str, r->len); }
+
+// disk::entry_key(ns, tokens[0, b)) of every boundary b = k * page with lo <= b <= tokens.size(),
+// shallowest first, in one XXH3 pass over the tokens (redis_store.cpp).
+std::vector<std::pair<size_t, Hash128>> page_prefix_keys(const NamespaceId& ns,
+                                                         std::span<const Token> tokens, size_t page,
+                                                         size_t lo);
 
 inline std::string hex128(const Hash128& h) {
     char buf[33];

@@ -4,11 +4,15 @@
 #include <algorithm>
 
 #include "cache/prefix_identity.h"
+#include "runtime/seq_state_format.h"
 #include "stage/prefix_cache_stage.h"
 
 namespace skippy::stage {
 
 namespace {
+
+// The Redis tier's page-prefix pointers are every kv-pages page.
+static_assert(cache::kRedisPageTokens == runtime::kKvPageTokens);
 
 cache::PageId page_of(const cache::NamespaceId& ns, std::span<const Token> tokens) {
     return cache::prefix_identity(ns, 0, tokens).page_id();
@@ -80,8 +84,7 @@ void PrefixCacheStage::prefetch_redis(const PromptInfo& prompt, const cache::Nam
     if (!redis_) {
         return;
     }
-    // Entries in Redis are exact prefixes of the prompt (every model family), at most what
-    // the restore rule allows and what a lane holds.
+    // At most what the restore rule allows and what a lane holds.
     const auto n = static_cast<int32_t>(prompt.tokens.size());
     const int32_t b = body_end(prompt);
     const auto limit = static_cast<size_t>(std::max(0, rule_.restore_limit(b, n)));
@@ -90,23 +93,35 @@ void PrefixCacheStage::prefetch_redis(const PromptInfo& prompt, const cache::Nam
     if (max_len < min_len) {
         return;
     }
-    std::optional<size_t> len = redis_->lookup(ns, prompt.tokens, max_len, min_len);
-    if (len && match_ == cache::PrefixMatch::Stored &&
-        !rule_.can_restore(static_cast<int32_t>(*len), b, n)) {
-        // Too close to the body end to restore: a body chunk earlier, as the disk tier.
-        const auto earlier = static_cast<size_t>(std::max(0, b - rule_.body_min));
-        len =
-            earlier >= min_len ? redis_->lookup(ns, prompt.tokens, earlier, min_len) : std::nullopt;
+    cache::RedisReadResult read;
+    if (match_ == cache::PrefixMatch::Common) {
+        // Dense: also an entry longer than what it shares with the prompt (found by its
+        // page-prefix pointers), promoted whole, as a disk hit of a longer entry: the RAM
+        // restore truncates its KV pages to the common prefix.
+        read = redis_->read_longest(ns, prompt.tokens, max_len, min_len, match_,
+                                    context_cells_per_lane_);
+    } else {
+        // Entries that are exact prefixes of the prompt.
+        std::optional<size_t> len = redis_->lookup(ns, prompt.tokens, max_len, min_len);
+        if (len && !rule_.can_restore(static_cast<int32_t>(*len), b, n)) {
+            // Too close to the body end to restore: a body chunk earlier, as the disk tier.
+            const auto earlier = static_cast<size_t>(std::max(0, b - rule_.body_min));
+            len = earlier >= min_len ? redis_->lookup(ns, prompt.tokens, earlier, min_len)
+                                     : std::nullopt;
+        }
+        if (!len) {
+            return;
+        }
+        read = redis_->read(ns, prompt.tokens.first(*len));  // verified; bad ones quarantined
     }
-    if (!len) {
-        return;
-    }
-    const auto tokens = prompt.tokens.first(*len);
-    cache::RedisReadResult read = redis_->read(ns, tokens);  // verified; bad ones quarantined
     if (!read.ok()) {
         return;  // (counted by the store, by reason)
     }
     redis_read_seconds_.observe(read.seconds);
+    const std::span<const Token> tokens(read.tokens);  // the entry's path
+    if (tokens.size() > context_cells_per_lane_) {
+        return;
+    }
     if (read.page != page_of(ns, tokens) || read.descriptor.kind != layout_.kind) {
         redis_->quarantine(ns, tokens);  // not what this prompt would have recorded
         return;

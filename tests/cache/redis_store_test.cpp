@@ -419,6 +419,146 @@ TEST_F(RedisStoreTest, OutOfMemoryDropsTheWrite) {
     EXPECT_FALSE(store->lookup(ns, p.tokens, p.tokens.size()));
 }
 
+// A dense model's entry: attention KV pages only, which truncate to any prefix.
+PrefixPayload kv_payload(const NamespaceId& ns, uint64_t seed, size_t n_tokens) {
+    PrefixPayload p = prefix_payload(ns, seed, n_tokens);
+    p.descriptor.kind = PayloadKind::KvPages;
+    p.descriptor.kv_bytes = p.bytes.size();
+    p.descriptor.recurrent_bytes = 0;
+    return p;
+}
+
+TEST_F(RedisStoreTest, CommonPrefixOfALongerEntry) {
+    auto store = open();
+    const NamespaceId ns = test_namespace();
+    const PrefixPayload p = kv_payload(ns, 40, 300);
+    ASSERT_EQ(submit(*store, ns, p), RedisSubmit::Queued);
+    store->flush();
+    // A pointer per page of the entry (64, 128, 192, 256), none beyond.
+    const std::span<const Token> path(p.tokens);
+    for (size_t b : {64, 128, 192, 256}) {
+        EXPECT_EQ(cli({"GET", store->pointer_key(ns, path.first(b))}),
+                  "300:" + store->manifest_key(ns, p.tokens))
+            << b;
+    }
+    // A prompt sharing the first 200 tokens, then another turn.
+    std::vector<Token> prompt = kv_payload(ns, 40, 400).tokens;
+    prompt[200] += 1;
+    EXPECT_FALSE(store->lookup(ns, prompt, prompt.size()));  // not an exact prefix
+    RedisReadResult r = store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Stored);
+    EXPECT_EQ(r.error, RedisReadError::NotFound);
+    r = store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Common);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(r.len, 200u);  // the whole common prefix, not only the page boundary
+    EXPECT_EQ(r.tokens, p.tokens);
+    EXPECT_EQ(r.bytes, p.bytes);
+    EXPECT_EQ(r.page, p.page);
+    EXPECT_EQ(r.descriptor, p.descriptor);
+    // max_len caps what it serves; min_len above what it shares: a miss.
+    r = store->read_longest(ns, prompt, 150, 1, PrefixMatch::Common);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(r.len, 150u);
+    EXPECT_EQ(store->read_longest(ns, prompt, prompt.size(), 201, PrefixMatch::Common).error,
+              RedisReadError::NotFound);
+    // An entry longer than a lane holds is not a candidate.
+    EXPECT_EQ(store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Common, 299).error,
+              RedisReadError::NotFound);
+    // An exact prefix at least as deep as the deepest pointer wins; a shallower one does not.
+    const PrefixPayload exact = kv_payload(ns, 40, 195);
+    ASSERT_EQ(submit(*store, ns, exact), RedisSubmit::Queued);
+    const PrefixPayload shallow = kv_payload(ns, 40, 100);
+    ASSERT_EQ(submit(*store, ns, shallow), RedisSubmit::Queued);
+    store->flush();
+    r = store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Common);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(r.len, 195u);
+    EXPECT_EQ(r.tokens, exact.tokens);
+    EXPECT_EQ(r.bytes, exact.bytes);
+    EXPECT_EQ(store->stats().quarantines, 0u);
+}
+
+TEST_F(RedisStoreTest, FullStateEntriesHaveNoPointers) {
+    auto store = open();
+    const NamespaceId ns = test_namespace();
+    const PrefixPayload p = prefix_payload(ns, 41, 300);  // full-state: does not truncate
+    ASSERT_EQ(submit(*store, ns, p), RedisSubmit::Queued);
+    store->flush();
+    EXPECT_EQ(cli({"EXISTS", store->pointer_key(ns, std::span<const Token>(p.tokens).first(64))}),
+              "0");
+    std::vector<Token> prompt = p.tokens;
+    prompt[200] += 1;
+    EXPECT_EQ(store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Common).error,
+              RedisReadError::NotFound);
+}
+
+TEST_F(RedisStoreTest, DanglingPointerIsAMiss) {
+    auto store = open();
+    const NamespaceId ns = test_namespace();
+    const PrefixPayload p = kv_payload(ns, 42, 300);
+    ASSERT_EQ(submit(*store, ns, p), RedisSubmit::Queued);
+    store->flush();
+    std::vector<Token> prompt = p.tokens;
+    prompt[250] += 1;
+    const std::string pointer = store->pointer_key(ns, std::span<const Token>(prompt).first(192));
+    ASSERT_EQ(cli({"EXISTS", pointer}), "1");
+    // The manifest evicted: a miss, not an error, and the pointer goes.
+    ASSERT_EQ(cli({"DEL", store->manifest_key(ns, p.tokens)}), "1");
+    RedisReadResult r = store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Common);
+    EXPECT_EQ(r.error, RedisReadError::NotFound);
+    store->flush();
+    EXPECT_EQ(cli({"EXISTS", pointer}), "0");
+    // A pointer to another conversation's entry (tampered): a miss too.
+    const PrefixPayload other = kv_payload(ns, 43, 300);
+    ASSERT_EQ(submit(*store, ns, other), RedisSubmit::Queued);
+    store->flush();
+    cli({"SET", pointer, "300:" + store->manifest_key(ns, other.tokens)});
+    r = store->read_longest(ns, prompt, prompt.size(), 1, PrefixMatch::Common);
+    EXPECT_EQ(r.error, RedisReadError::NotFound);
+    store->flush();
+    EXPECT_EQ(cli({"EXISTS", pointer}), "0");
+    EXPECT_TRUE(store->read(ns, other.tokens).ok());  // (that entry is fine)
+    const RedisStats s = store->stats();
+    EXPECT_EQ(s.quarantines, 0u);
+    EXPECT_TRUE(s.up);
+}
+
+TEST_F(RedisStoreTest, PointersAreIsolatedAndRemovedByNamespace) {
+    auto store = open();
+    const NamespaceId a = test_namespace("tenant-a");
+    const NamespaceId b = test_namespace("tenant-b");
+    const PrefixPayload pa = kv_payload(a, 44, 300);
+    const PrefixPayload pb = kv_payload(b, 44, 300);  // the same tokens, another tenant
+    ASSERT_EQ(submit(*store, a, pa), RedisSubmit::Queued);
+    store->flush();
+    std::vector<Token> prompt = pa.tokens;
+    prompt[200] += 1;
+    EXPECT_TRUE(store->read_longest(a, prompt, prompt.size(), 1, PrefixMatch::Common).ok());
+    EXPECT_EQ(store->read_longest(b, prompt, prompt.size(), 1, PrefixMatch::Common).error,
+              RedisReadError::NotFound);
+    // a's pointer copied under b's key: it names a's manifest, never read for b.
+    const std::span<const Token> head = std::span<const Token>(prompt).first(192);
+    cli({"SET", store->pointer_key(b, head), cli({"GET", store->pointer_key(a, head)})});
+    EXPECT_EQ(store->read_longest(b, prompt, prompt.size(), 1, PrefixMatch::Common).error,
+              RedisReadError::NotFound);
+    ASSERT_EQ(submit(*store, b, pb), RedisSubmit::Queued);
+    store->flush();
+    store->remove_namespace(a);
+    store->flush();
+    for (size_t n : {64, 128, 192, 256}) {
+        EXPECT_EQ(
+            cli({"EXISTS", store->pointer_key(a, std::span<const Token>(pa.tokens).first(n))}),
+            "0");
+        EXPECT_EQ(
+            cli({"EXISTS", store->pointer_key(b, std::span<const Token>(pb.tokens).first(n))}),
+            "1");
+    }
+    EXPECT_EQ(store->read_longest(a, prompt, prompt.size(), 1, PrefixMatch::Common).error,
+              RedisReadError::NotFound);
+    RedisReadResult r = store->read_longest(b, prompt, prompt.size(), 1, PrefixMatch::Common);
+    ASSERT_TRUE(r.ok()) << r.detail;
+    EXPECT_EQ(r.tokens, pb.tokens);
+}
+
 TEST(RedisUrl, Parses) {
     std::string why;
     auto u = parse_redis_url("redis://localhost", &why);

@@ -1,7 +1,8 @@
 """The shared Redis tier through real servers: two replicas (their own RAM and disk tiers)
 share one redis-server; turn 1-3 of a conversation on replica A, turn 4 on replica B restores
 from Redis (cache_tier "redis") with the output of a cache-off server, for dense, hybrid and
-recurrent models. A tampered or deleted block in Redis is never imported (same output,
+recurrent models; for the dense model also a turn whose assistant text differs from what A
+generated (found by the page-prefix pointers). A tampered or deleted block in Redis is never imported (same output,
 counted in /metrics). Redis hung (SIGSTOP) or killed mid-run: both replicas keep answering,
 no request waits long for it. The test starts its own redis-server on a unix socket."""
 import os
@@ -152,6 +153,43 @@ class SharedTierTest(unittest.TestCase):
 
     def test_dense(self):
         self.check("llama")
+
+    def test_dense_other_reply_text(self):
+        """Turn 2 moves to replica B with another assistant text than A generated (a client
+        that edits or re-renders the reply): no entry in Redis is a prefix of B's prompt (A
+        recorded its turn end: prompt + generated reply), but A's entry shares the prompt of
+        turn 1 with it. B finds it by its page-prefix pointers and restores the common prefix
+        (the KV pages truncated), with the output of a cache-off server."""
+        model = h.model_path("llama")
+        edited = [(None, None, "Yes, we are open from nine to six today.")]
+        with h.Server(model, "--cache-mode", "off", *FLAGS) as off:
+            status, reference = resume_turn(off, edited, 1)
+            self.assertEqual(status, 200, reference)
+        with replica(model, self.redis, folder=os.path.join(self.tmp, "a")) as a, \
+                replica(model, self.redis, folder=os.path.join(self.tmp, "b")) as b:
+            first = conversation(a, USER_TURNS[:1])
+            self.assertNotEqual(first[0][2], edited[0][2])
+            wait_redis_written(a)
+            turn1 = first[0][1]["prompt_tokens"]
+            keys = self.redis.cmd("KEYS", "skippy:l:*")
+            self.assertEqual(len(keys), 1)
+            lengths = [int(x) for x in self.redis.cmd("ZRANGE", keys[0], 0, -1)]
+            # Every entry is longer than what B's prompt shares with it: none is a prefix.
+            self.assertTrue(lengths and min(lengths) > turn1, (lengths, turn1))
+            self.assertTrue(self.redis.cmd("KEYS", "skippy:p:*"))
+            status, resp = resume_turn(b, edited, 1)
+            self.assertEqual(status, 200, resp)
+            self.assertEqual(resp["skippy"]["completion_token_ids"],
+                             reference["skippy"]["completion_token_ids"])
+            cached = resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+            print(f"\n  dense, another reply text: turn 2 on replica B restored {cached} of "
+                  f"{resp['usage']['prompt_tokens']} tokens from {resp['skippy']['cache_tier']} "
+                  f"(entries in Redis: {lengths} tokens, turn 1's prompt: {turn1})")
+            self.assertGreater(cached, 0)
+            self.assertEqual(resp["skippy"]["cache_tier"], "redis")
+            m = b.metrics()
+            self.assertGreater(m.get("skippy_cache_redis_promotions_total", 0), 0)
+            self.assertGreater(m.get('skippy_cache_restored_tokens_total{tier="redis"}', 0), 0)
 
     def test_hybrid(self):
         self.check("qwen35")
