@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "server/metrics_writer.h"
+#include "server/observe/metrics_writer.h"
 #include "stage/plan.h"
 
 namespace skippy::stage {

@@ -42,7 +42,7 @@
 #include "cache/record_queue.h"
 #include "cache/redis_store.h"
 #include "runtime/model.h"
-#include "server/metrics_writer.h"
+#include "server/observe/metrics_writer.h"
 #include "stage/buffer_pool.h"
 #include "stage/cache_config.h"
 #include "stage/cache_telemetry.h"
