@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replicas: conversations spread over several servers, the worst case for local caches.
 
-    python3 bench/replicas.py             # 16 conversations x 6 turns, 2 replicas (~8 min)
+    python3 bench/replicas.py             # 16 conversations x 6 turns, 3 replicas (~10 min)
     python3 bench/replicas.py --quick     # tiny model, 4 x 3 (~1 min)
 
 Each variant runs N replicas of one server (one thread each, one lane / slot, the bench's
@@ -51,7 +51,7 @@ from run_bench import default_llama_server, default_skippy, git_describe, machin
 PROFILES = {
     "full": {"models": "full", "conversations": 16, "turns": 6, "system_tokens": 1024,
              "user_tokens": [40, 80], "reply_tokens": 32, "max_tokens": 8, "ctx": 4096,
-             "replicas": 2},
+             "replicas": 3},
     "quick": {"models": "quick", "conversations": 4, "turns": 3, "system_tokens": 256,
               "user_tokens": [16, 32], "reply_tokens": 16, "max_tokens": 4, "ctx": 2048,
               "replicas": 2},
@@ -73,6 +73,14 @@ def load_deploy():
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def stop_process(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 class Redis:
@@ -99,11 +107,7 @@ class Redis:
         return None
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 class HaProxy:
@@ -131,11 +135,7 @@ class HaProxy:
         raise RuntimeError("haproxy did not start")
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def build_workload(prof, factory, seed):
@@ -198,6 +198,18 @@ def summarize(records, moved_only=False):
 def redis_metrics(port):
     m = servers.scrape_metrics(port)
     return {k: v for k, v in m.items() if k.startswith("skippy_cache_redis_")}
+
+
+def redis_reads(per_replica):
+    """Reads from the shared tier over all replicas: count, mean seconds, bytes, MB/s."""
+    n = sum(m.get("skippy_cache_redis_reads_total", 0) for m in per_replica)
+    secs = sum(m.get("skippy_cache_redis_read_seconds_sum", 0) for m in per_replica)
+    count = sum(m.get("skippy_cache_redis_read_seconds_count", 0) for m in per_replica)
+    nbytes = sum(m.get("skippy_cache_redis_read_bytes_total", 0) for m in per_replica)
+    if not n:
+        return None
+    return {"reads": int(n), "mean_ms": 1000 * secs / count if count else None,
+            "mean_bytes": nbytes / n, "mb_per_s": nbytes / secs / 1e6 if secs else None}
 
 
 def main(argv):
@@ -277,6 +289,7 @@ def main(argv):
                     entry["redis_hits"] = len(restores)
                     entry["redis_restore_p50_ms"] = stats.percentile(restores, 50)
                     entry["redis_metrics"] = [redis_metrics(pt) for pt in ports] if redis else []
+                    entry["redis_reads"] = redis_reads(entry["redis_metrics"])
                 if redis:
                     entry["redis_used_memory"] = redis.info_memory()
                 results["variants"][name] = entry
@@ -360,9 +373,14 @@ def markdown(results):
              f"`{results['make_model']}`.", "", table(results)]
     r = v.get("skippy+redis")
     if r:
-        lines.append(f"skippy+redis: {r.get('redis_hits', 0)} hits served from Redis, restore "
-                     f"p50 {_ms(r.get('redis_restore_p50_ms'))} ms (lookup, Redis reads, "
-                     "verification, promotion and import into the lane); Redis held "
+        reads = r.get("redis_reads") or {}
+        lines.append(f"skippy+redis: {r.get('redis_hits', 0)} requests served from the Redis "
+                     f"tier. A hit's Redis read (lookup round trips, manifest and blocks, "
+                     f"verification; on the request's HTTP thread before it is scheduled): "
+                     f"{reads.get('reads', 0)} reads of {(reads.get('mean_bytes') or 0) / 2**20:.1f} "
+                     f"MiB on average, {_ms(reads.get('mean_ms'))} ms mean "
+                     f"({_ms(reads.get('mb_per_s'))} MB/s); then the import into the lane, p50 "
+                     f"{_ms(r.get('redis_restore_p50_ms'))} ms. Redis held "
                      f"{(r.get('redis_used_memory') or 0) / 2**20:.1f} MiB at the end.")
     lines.append(f"\nTarget: {results['target']}: {'met' if results['met'] else 'missed'}.")
     return "\n".join(lines) + "\n"

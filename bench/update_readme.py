@@ -157,33 +157,21 @@ def main(argv):
             f.write(new)
         print(f"updated the devices table in {readme}")
         return 0
-    if argv and argv[0] == "--replicas":
-        path = os.path.join(REPO, "bench", "results", "replicas", "latest.json")
-        with open(path) as f:
-            block = replicas_block(json.load(f))
+    sections = {"--replicas": ("replicas", replicas_block, REPLICAS_BEGIN, REPLICAS_END),
+                "--agent-cli": ("agent_cli", agent_cli_block, AGENT_BEGIN, AGENT_END)}
+    if argv and argv[0] in sections:
+        folder, make_block, begin, end = sections[argv[0]]
+        with open(os.path.join(REPO, "bench", "results", folder, "latest.json")) as f:
+            block = make_block(json.load(f))
         readme = os.path.join(REPO, "README.md")
         with open(readme) as f:
             old = f.read()
-        new = rewrite_between(old, REPLICAS_BEGIN, REPLICAS_END, block)
+        new = rewrite_between(old, begin, end, block)
         if "--check" in argv[1:]:
             return 0 if new == old else 1
         with open(readme, "w") as f:
             f.write(new)
-        print(f"updated the replicas table in {readme}")
-        return 0
-    if argv and argv[0] == "--agent-cli":
-        path = os.path.join(REPO, "bench", "results", "agent_cli", "latest.json")
-        with open(path) as f:
-            block = agent_cli_block(json.load(f))
-        readme = os.path.join(REPO, "README.md")
-        with open(readme) as f:
-            old = f.read()
-        new = rewrite_between(old, AGENT_BEGIN, AGENT_END, block)
-        if "--check" in argv[1:]:
-            return 0 if new == old else 1
-        with open(readme, "w") as f:
-            f.write(new)
-        print(f"updated the agent CLI table in {readme}")
+        print(f"updated the {folder} table in {readme}")
         return 0
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
