@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_lib import (config, memory, models, plots, prompts, report,  # noqa: E402
-                       servers, summary, table, workloads)
+                       runner, servers, summary, table, workloads)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -343,14 +343,14 @@ def main(argv):
 
     for name in args.models:
         log(f"\n== {name} ({config.FAMILY[name]})")
-        model_run = workloads.ModelRun(name=name, path=model_paths[name], bins=bins,
+        model_run = runner.ModelRun(name=name, path=model_paths[name], bins=bins,
                                        settings=settings, rounds=profile["rounds"],
                                        request_timeout=profile["request_timeout_s"],
                                        log_dir=log_dir, progress=log,
                                        ignore_eos=args.ignore_eos)
         mres = results["models"][name]
         for w in chosen:
-            runs = workloads.measure(model_run, w, args.pace)
+            runs = runner.measure(model_run, w, args.pace)
             commands = {}
             for run in runs:
                 if run.get("argv") and run["variant"] not in commands:
@@ -358,7 +358,7 @@ def main(argv):
             mres["workloads"][w.name] = {"title": w.title, "config": w.cfg, "runs": runs,
                                          "commands": commands,
                                          "summary": w.summarize(runs),
-                                         "output_check": workloads.compare_outputs(runs)}
+                                         "output_check": runner.compare_outputs(runs)}
             results["meta"]["server_commands"].setdefault(w.name, commands)
             mres["params"] = mres["params"] or param_count(runs)
             note = skippy_note(runs)

@@ -110,7 +110,7 @@ class LargerThanRam(Workload):
         return out
 
     # ----------------------------------------------------------------------------------
-    # calibration (workloads.measure calls it once per model, before the first round)
+    # calibration (runner.measure calls it once per model, before the first round)
 
     def calibrate(self, model):
         cfg = self.cfg

@@ -1,5 +1,5 @@
 """Memory per workload: each server's peak RSS over its runs, and the bytes skippy's cache
-holds per cached token. Read from what workloads._finish stored in every run (before the
+holds per cached token. Read from what runner._finish stored in every run (before the
 server stopped): run["memory"] (/proc/PID/status: VmHWM, VmRSS, RssAnon, RssFile),
 run["metrics"] (skippy's /metrics) and run["cache_inventory"] (GET /v1/cache: entries and
 the sum of their tokens per tier).

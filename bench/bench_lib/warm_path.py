@@ -2,7 +2,7 @@
 tier the hit came from (lane: the lane still held the prefix, nothing copied; ram / disk: the
 state was copied into the lane's buffers).
 
-Per request (workloads.join_lookup_events joins skippy's cache events log to the record):
+Per request (runner.join_lookup_events joins skippy's cache events log to the record):
   http      client TTFT − skippy's `skippy.ttft_ms` (HTTP, JSON, SSE, the client)
   queue     `skippy.queue_ms` (waiting for a lane)
   lookup    the events log's lookup_ms (finding the longest cached prefix)
