@@ -169,6 +169,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptio
     if (!options.use_mmap) {
         params.load_mode = LLAMA_LOAD_MODE_NONE;
     }
+    params.use_extra_bufts = options.repack;
     int last_percent = -5;
     if (::isatty(STDERR_FILENO) != 0) {
         params.progress_callback = terminal_load_progress;

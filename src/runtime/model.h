@@ -45,6 +45,12 @@ struct ModelLoadOptions {
     int32_t main_gpu = 0;
     SplitMode split_mode = SplitMode::Layer;
     bool use_mmap = true;
+    // llama.cpp's CPU weight repacking (extra buffer types: Q4_K, Q4_0, IQ4_NL ... laid out
+    // for its gemm kernels). Its kernels compute a token's row differently in a batch of
+    // fewer than 4 tokens (gemv) than in a larger one (gemm), so a prefix computed in other
+    // batches than a cold prefill would use differs in its last bits: off while the prefix
+    // cache is on (serve_command), on otherwise (llama.cpp's default, --repack).
+    bool repack = true;
 };
 
 class Model {

@@ -207,6 +207,13 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
            "how layers spread over several devices (-sm): none | layer | row")
         ->envname("SKIPPY_SPLIT_MODE")
         ->default_str("layer");
+    app.add_option("--repack", c.repack,
+                   "llama.cpp's CPU weight repacking (Q4_K, Q4_0, IQ4_NL ...): auto = off "
+                   "while the prefix cache is on (its kernels give a batch of < 4 tokens other "
+                   "bits than a larger one, so a restored prefix would not be exact), on, off")
+        ->check(CLI::IsMember({"auto", "on", "off"}))
+        ->envname("SKIPPY_REPACK")
+        ->capture_default_str();
     app.add_option("--rpc", c.rpc_servers,
                    "rpc-servers holding layers, HOST:PORT comma-separated (llama.cpp's RPC "
                    "backend; no authentication: private networks only)")
@@ -260,7 +267,8 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
     app.add_option("--max-body-bytes", c.http.max_body_bytes, "largest request body (413 above)")
         ->envname("SKIPPY_MAX_BODY_BYTES")
         ->capture_default_str();
-    // HTTP connection limits against slow and hostile clients (src/server/http/connection_server.h).
+    // HTTP connection limits against slow and hostile clients
+    // (src/server/http/connection_server.h).
     app.add_option("--http-max-connections", c.http.max_connections,
                    "open connections (503 beyond; at most the open-file limit allows)")
         ->envname("SKIPPY_HTTP_MAX_CONNECTIONS")
@@ -445,6 +453,12 @@ int run_serve(ServeConfig config) {
         for (auto& key : read_api_key_file(config.api_key_file)) {
             config.http.api_keys.push_back(std::move(key));
         }
+    }
+    config.load.repack = config.repack == "on" ||
+                         (config.repack == "auto" && config.cache.mode == stage::CacheMode::Off);
+    if (config.repack == "on" && config.cache.mode != stage::CacheMode::Off) {
+        std::cerr << "skippy: --repack on with the prefix cache on: restores of repacked weight "
+                     "types (Q4_K, Q4_0, IQ4_NL ...) are not bit-exact\n";
     }
     auto model = runtime::Model::load(config.model_path, config.load);
     const runtime::DevicePlacement& placement = model->placement();

@@ -116,10 +116,18 @@ bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::
 }
 
 struct Case {
+    Case(std::string a, bool fa = false, bool on_rpc = false, bool on_gpu = false,
+         std::string quantized = "")
+        : arch(std::move(a)),
+          flash_attn(fa),
+          rpc(on_rpc),
+          gpu(on_gpu),
+          type(std::move(quantized)) {}
     std::string arch;
     bool flash_attn = false;
     bool rpc = false;  // every layer and the output on two rpc-servers (loopback)
     bool gpu = false;  // every layer and the output on the first GPU (a CUDA build)
+    std::string type;  // quantized weights (make-model --type); "" = f32
 };
 
 SchedulerOptions options(bool flash_attn) {
@@ -220,7 +228,9 @@ class ExactLogitsTest : public ::testing::TestWithParam<Case> {
             // (llama.cpp's split of the 2 or 4 layers + output).
             load.tensor_split = {1, 3};
         }
-        model_ = runtime::Model::load(skippy::testing::tiny_model(arch_, "exact-logits", 9), load);
+        load.repack = false;  // as served with the cache on (model.h)
+        model_ = runtime::Model::load(
+            skippy::testing::tiny_model(arch_, "exact-logits", 9, GetParam().type), load);
         if (GetParam().rpc) {
             const auto& p = model_->placement();
             ASSERT_EQ(p.layers.front(), "RPC0") << p.map_text();
@@ -777,14 +787,24 @@ TEST_P(ExactLogitsTest, ALaneRestoredFromTheStoreKeepsNoCheckpointOfItsPreviousP
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-    return info.param.arch + (info.param.flash_attn ? "_fa_on" : "") +
-           (info.param.rpc ? "_rpc" : "") + (info.param.gpu ? "_gpu" : "");
+    return info.param.arch + (info.param.type.empty() ? "" : "_" + info.param.type) +
+           (info.param.flash_attn ? "_fa_on" : "") + (info.param.rpc ? "_rpc" : "") +
+           (info.param.gpu ? "_gpu" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ExactLogitsTest,
                          ::testing::Values(Case{"llama", false}, Case{"qwen35", false},
                                            Case{"mamba2", false}, Case{"llama", true},
                                            Case{"qwen35", true}, Case{"mamba2", true}),
+                         case_name);
+
+// Quantized weights as people run them (make-model --type): the dense model at Q4_K_M with and
+// without flash attention, the hybrid and recurrent ones at Q8_0.
+INSTANTIATE_TEST_SUITE_P(Quantized, ExactLogitsTest,
+                         ::testing::Values(Case{"llama", true, false, false, "q4_k_m"},
+                                           Case{"llama", false, false, false, "q4_k_m"},
+                                           Case{"qwen35", true, false, false, "q8_0"},
+                                           Case{"mamba2", false, false, false, "q8_0"}),
                          case_name);
 
 // The three families split over two rpc-servers: flash attention as served by default

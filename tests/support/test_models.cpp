@@ -13,10 +13,12 @@
 
 namespace skippy::testing {
 
-std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed) {
+std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed,
+                       const std::string& type) {
     const auto dir = std::filesystem::temp_directory_path() / ("skippy-" + tag);
     std::filesystem::create_directories(dir);
-    const auto path = dir / ("tiny-" + arch + "-" + std::to_string(seed) + ".gguf");
+    const auto path = dir / ("tiny-" + arch + "-" + std::to_string(seed) +
+                             (type.empty() ? "" : "-" + type) + ".gguf");
     if (!std::filesystem::exists(path)) {
         runtime::ModelSpec spec;
         spec.arch = arch;
@@ -26,6 +28,11 @@ std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t
         spec.n_head_kv = 2;
         spec.n_ff = 256;
         spec.seed = seed;
+        if (!type.empty()) {
+            spec.type = type;
+            spec.n_embd = 256;
+            spec.n_ff = 512;
+        }
         // Unique temporary name: test processes may run in parallel.
         const auto tmp = path.string() + ".tmp." + std::to_string(::getpid());
         runtime::make_random_model(spec, tmp);

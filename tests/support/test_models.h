@@ -13,7 +13,10 @@ namespace skippy::testing {
 
 // Path of a tiny random-weight model of `arch` (llama, qwen35, mamba2), generated once
 // into the temp dir under `tag` (n_embd 128, 2 layers; qwen35: 4 = 3 recurrent + 1 attn).
-std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed);
+// With `type` (a llama.cpp quantization: "q8_0", "q4_k_m", ...) the model is quantized, with
+// n_embd 256 and n_ff 512 so that k-quant rows (256 values) fit every matrix.
+std::string tiny_model(const std::string& arch, const std::string& tag, uint64_t seed,
+                       const std::string& type = "");
 
 // Path of a tiny tool-capable dense model (1 layer, f16): the qwen3 vocabulary (Qwen2.5/3
 // added tokens at their real ids) and the Qwen2.5 chat template, made once under `tag`.
