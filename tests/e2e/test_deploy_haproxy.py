@@ -57,6 +57,10 @@ class Deployment:
                 "--routing", routing, "--start-timeout", "120"]
         if not redis:
             args.append("--no-redis")
+        else:
+            # ctest runs other tests beside this one on 2 cores: a command may take longer
+            # than the 100 ms default without Redis being down.
+            args += ["--", "--cache-redis-timeout-ms", "2000"]
         env = dict(os.environ, SKIPPY_BIN=h.SKIPPY)
         r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
@@ -71,6 +75,30 @@ class Deployment:
                                               **(headers or {})})
         with urllib.request.urlopen(req, timeout=120) as resp:
             return resp.headers.get("X-Served-By"), json.loads(resp.read())
+
+    def metrics(self, port):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            out = {}
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    name, _, value = line.rpartition(" ")
+                    out[name] = float(value)
+            return out
+
+    def settle(self, timeout=60):
+        """Every replica idle, its records in and its Redis writes sent: what a turn on
+        another replica can find is there (records and writes are asynchronous)."""
+        names = ("skippy_lanes_busy", "skippy_turn_ends_deferred", "skippy_cache_lanes_pending",
+                 "skippy_cache_record_queue_pending", "skippy_cache_redis_write_queue_depth")
+        deadline = time.time() + timeout
+        for r in self.state["replicas"]:
+            while True:
+                m = self.metrics(r["port"])
+                if all(m.get(n, 0) == 0 for n in names):
+                    break
+                if time.time() > deadline:
+                    raise AssertionError(f"replica {r['name']} did not settle: {m}")
+                time.sleep(0.05)
 
     def down(self):
         r = subprocess.run([sys.executable, REPLICAS, "down", "--run-dir", self.run],
@@ -101,12 +129,15 @@ def session_messages(s, turn, replies):
     return msgs
 
 
-def run_sessions(dep, key_of):
-    """SESSIONS conversations, TURNS turns each, interleaved turn by turn. Returns
+def run_sessions(dep, key_of, settle=False):
+    """SESSIONS conversations, TURNS turns each, interleaved turn by turn (with `settle`,
+    every replica's records and Redis writes done before each request). Returns
     (cached tokens, prompt tokens) summed over turns >= 2, and who served each request."""
     replies, cached, prompt, served = {}, 0, 0, {}
     for t in range(TURNS):
         for s in range(SESSIONS):
+            if settle:
+                dep.settle()
             body = {"messages": session_messages(s, t, replies), "max_tokens": 8,
                     "temperature": 0}
             body.update(key_of(s))
@@ -149,7 +180,7 @@ def hit_rate(routing, redis, model):
     dep = Deployment(routing, redis=redis, model=model)
     try:
         cached, prompt, served = run_sessions(
-            dep, lambda s: {"prompt_cache_key": f"session-{s}"})
+            dep, lambda s: {"prompt_cache_key": f"session-{s}"}, settle=redis)
     finally:
         dep.down()
     moved = sum(len(set(v)) > 1 for v in served.values())
