@@ -292,14 +292,21 @@ class AgentClientTest(unittest.TestCase):
         return resp["usage"]["prompt_tokens_details"]["cached_tokens"], \
             resp["skippy"]["completion_token_ids"]
 
-    def json_lines(self):
-        out = []
-        for line in list(self.server.log_lines):
-            if line.startswith("{"):
-                record = json.loads(line)
-                if record.get("event") == "access":
-                    out.append(record)
-        return out
+    def json_lines(self, until=None, timeout=10):
+        """The access records (JSON lines on stderr). With `until`, waits up to `timeout`
+        until until(records) holds: a line is written after its response, and the stderr
+        reader runs on its own thread."""
+        deadline = time.time() + timeout
+        while True:
+            out = []
+            for line in list(self.server.log_lines):
+                if line.startswith("{"):
+                    record = json.loads(line)
+                    if record.get("event") == "access":
+                        out.append(record)
+            if until is None or until(out) or time.time() >= deadline:
+                return out
+            time.sleep(0.02)
 
     def test_startup_line_names_the_tenants(self):
         log = "".join(self.server.log_lines)
@@ -317,8 +324,11 @@ class AgentClientTest(unittest.TestCase):
         self.assertGreater(a2[0], 0, "key A must hit its own prefix")
         self.assertGreater(b2[0], 0, "key B must hit its own prefix")
         self.assertEqual({tuple(r[1]) for r in (a1, b1, a2, b2)}, {tuple(a1[1])})
-        tenants = {r.get("tenant") for r in self.json_lines()
-                   if r["path"] == "/v1/chat/completions" and r["status"] == 200}
+        def tenants_of(records):
+            return {r.get("tenant") for r in records
+                    if r["path"] == "/v1/chat/completions" and r["status"] == 200}
+
+        tenants = tenants_of(self.json_lines(lambda rs: len(tenants_of(rs) - {None}) >= 2))
         self.assertGreaterEqual(len(tenants - {None}), 2, tenants)
         self.assertTrue(all(t is None or re.fullmatch(r"key:[0-9a-f]{8}", t) for t in tenants))
 
@@ -349,12 +359,10 @@ class AgentClientTest(unittest.TestCase):
                                               headers={"Authorization": "", "x-api-key": "no"})
         self.assertEqual(status, 401)
         self.assertEqual(self.server.metrics()[name] - before, 2)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            refused = [r for r in self.json_lines() if r["status"] == 401]
-            if len(refused) >= 2:
-                break
-            time.sleep(0.02)
+        def refused_of(records):
+            return [r for r in records if r["status"] == 401]
+
+        refused = refused_of(self.json_lines(lambda rs: len(refused_of(rs)) >= 2))
         self.assertEqual({r["code"] for r in refused}, {"invalid_api_key"})
         self.assertEqual({r["path"] for r in refused}, {"/v1/chat/completions", "/v1/messages"})
 
@@ -373,8 +381,11 @@ class AgentClientTest(unittest.TestCase):
         self.assertEqual(resp["choices"][0]["finish_reason"], "length")
         self.assertLessEqual(usage["completion_tokens"], room)
         self.assertGreaterEqual(usage["completion_tokens"], room - 2)
-        record = [r for r in self.json_lines() if r["path"] == "/v1/chat/completions"
-                  and r.get("generated_tokens") == usage["completion_tokens"]]
+        def match(r):
+            return (r["path"] == "/v1/chat/completions"
+                    and r.get("generated_tokens") == usage["completion_tokens"])
+
+        record = [r for r in self.json_lines(lambda rs: any(map(match, rs))) if match(r)]
         self.assertTrue(record)
         self.assertEqual(record[-1]["finish"], "length")
 
