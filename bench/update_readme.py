@@ -155,6 +155,20 @@ def rewrite_between(text, begin, end, block):
     return text[:start] + block + text[stop + len(end):]
 
 
+def write_section(begin, end, block, what, check):
+    """README.md with `block` between its markers; check: 1 if that would change it."""
+    readme = os.path.join(REPO, "README.md")
+    with open(readme) as f:
+        old = f.read()
+    new = rewrite_between(old, begin, end, block)
+    if check:
+        return 0 if new == old else 1
+    with open(readme, "w") as f:
+        f.write(new)
+    print(f"updated the {what} in {readme}")
+    return 0
+
+
 def main(argv):
     if argv and argv[0] == "--devices":
         base = os.path.join(REPO, "bench", "results", "devices")
@@ -185,33 +199,15 @@ def main(argv):
                                                   "latest.json"))):
             with open(path) as f:
                 runs.append((os.path.relpath(path, REPO), json.load(f)))
-        block = realistic_block(runs)
-        readme = os.path.join(REPO, "README.md")
-        with open(readme) as f:
-            old = f.read()
-        new = rewrite_between(old, REALISTIC_BEGIN, REALISTIC_END, block)
-        if "--check" in argv[1:]:
-            return 0 if new == old else 1
-        with open(readme, "w") as f:
-            f.write(new)
-        print(f"updated the realistic tables in {readme}")
-        return 0
+        return write_section(REALISTIC_BEGIN, REALISTIC_END, realistic_block(runs),
+                             "realistic tables", "--check" in argv[1:])
     sections = {"--replicas": ("replicas", replicas_block, REPLICAS_BEGIN, REPLICAS_END),
                 "--agent-cli": ("agent_cli", agent_cli_block, AGENT_BEGIN, AGENT_END)}
     if argv and argv[0] in sections:
         folder, make_block, begin, end = sections[argv[0]]
         with open(os.path.join(REPO, "bench", "results", folder, "latest.json")) as f:
             block = make_block(json.load(f))
-        readme = os.path.join(REPO, "README.md")
-        with open(readme) as f:
-            old = f.read()
-        new = rewrite_between(old, begin, end, block)
-        if "--check" in argv[1:]:
-            return 0 if new == old else 1
-        with open(readme, "w") as f:
-            f.write(new)
-        print(f"updated the {folder} table in {readme}")
-        return 0
+        return write_section(begin, end, block, f"{folder} table", "--check" in argv[1:])
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "latest.json"))

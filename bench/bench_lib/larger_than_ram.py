@@ -14,7 +14,6 @@ its /metrics give the bytes a conversation adds per visit and its events log the
 the lane captures (skippy keeps 1/8 of --cache-max-bytes for queued captures, so the budget
 is never below 8x the largest capture, or nothing would be recorded at all).
 """
-import json
 import os
 import random
 import shutil
@@ -218,18 +217,8 @@ def _settled_physical_bytes(port, timeout=30.0):
 
 
 def _largest_capture(events_path):
-    best = 0
-    try:
-        with open(events_path) as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if e.get("event") == "record" and e.get("decision") == "queued":
-                    best = max(best, int(e.get("bytes") or 0))
-    except OSError:
-        pass
+    best = max((int(e.get("bytes") or 0) for e in servers.read_events(events_path, "record")
+                if e.get("decision") == "queued"), default=0)
     if best <= 0:
         raise servers.ServerError("calibration: no capture in skippy's events log")
     return best

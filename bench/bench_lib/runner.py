@@ -164,18 +164,7 @@ def join_lookup_events(records, path):
     in order, the warm-up request's first; matched on the prompt length, first unmatched
     event first (requests sent one at a time keep their order; concurrent ones of the same
     length may swap, which only mixes equal-length requests)."""
-    events = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                if e.get("event") == "lookup":
-                    events.append(e)
-    except OSError:
-        return
+    events = servers.read_events(path, "lookup")
     by_len = {}
     for e in events[1:]:  # events[0]: the warm-up request
         by_len.setdefault(e.get("prompt_tokens"), []).append(e)

@@ -438,6 +438,24 @@ def _read_stats(chunk, out):
                 out.cached_tokens = timings["cache_n"]
 
 
+def read_events(path, kind):
+    """The events of type `kind` ("lookup", "record", ...) in skippy's --cache-events-log
+    (JSON lines; unparsable lines skipped); [] if the file cannot be read."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("event") == kind:
+                    out.append(e)
+    except OSError:
+        pass
+    return out
+
+
 def run_main(main, argv, cleanups=()):
     """A benchmark script's entry point: runs main(argv) and exits with its status, stopping
     every server it started (and running `cleanups`) however it ends: normally, on an
