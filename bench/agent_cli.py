@@ -440,13 +440,7 @@ def main(argv):
             f"llama-server session 2 {report._x(hl['session2_vs_llama_session2'])} (target <= "
             f"{TARGET_VS_SESSION2}); cached/prompt skippy {hl['session2_first_cached']['skippy']}"
             f", llama-server {hl['session2_first_cached']['llama-server']}")
-    log(f"wrote {json_path}, latest.md in {results['meta']['duration_s'] / 60:.1f} min")
-    if results["warnings"]:
-        log("warnings:\n  " + "\n  ".join(results["warnings"]))
-    if results["errors"]:
-        log("errors:\n  " + "\n  ".join(results["errors"]))
-        return 2
-    return 0
+    return report.log_outcome(results, json_path, log)
 
 
 if __name__ == "__main__":

@@ -942,13 +942,7 @@ def main(argv):
         log(line)
     if not args.gpu:
         log(LOOPBACK_NOTE)
-    log(f"wrote {json_path}, latest.md in {results['meta']['duration_s'] / 60:.1f} min")
-    if results["warnings"]:
-        log("warnings:\n  " + "\n  ".join(results["warnings"]))
-    if results["errors"]:
-        log("errors:\n  " + "\n  ".join(results["errors"]))
-        return 2
-    return 0
+    return report.log_outcome(results, json_path, log)
 
 
 if __name__ == "__main__":

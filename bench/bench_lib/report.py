@@ -19,6 +19,18 @@ def write_json(results, path):
 # Markdown
 
 
+def log_outcome(results, json_path, log):
+    """The closing lines of a side-by-side script (devices.py, agent_cli.py): where the
+    results went, then its warnings and errors. Returns the exit status: 2 with errors."""
+    log(f"wrote {json_path}, latest.md in {results['meta']['duration_s'] / 60:.1f} min")
+    if results["warnings"]:
+        log("warnings:\n  " + "\n  ".join(results["warnings"]))
+    if results["errors"]:
+        log("errors:\n  " + "\n  ".join(results["errors"]))
+        return 2
+    return 0
+
+
 def _ms(v):
     return "–" if v is None else (f"{v:.1f}" if v < 100 else f"{v:.0f}")
 
