@@ -1,5 +1,6 @@
 #include "runtime/inference_context.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -92,6 +93,8 @@ InferenceContext::InferenceContext(const Model& model, const ContextOptions& opt
         throw std::runtime_error("failed to create llama context");
     }
     batch_ = new BatchStorage{llama_batch_init(static_cast<int32_t>(options_.n_batch), 0, 1)};
+    // Padding needs rows that can be removed again: attention only (model.h).
+    row_group_ = model.repacked() && model.kind() == ModelKind::Dense ? 4 : 1;
     // One persistent threadpool for every decode (without one, ggml creates and joins a
     // throwaway pool per graph computation), as llama.cpp's own tools do.
     ggml_threadpool_params tpp = ggml_threadpool_params_default(options_.n_threads);
@@ -175,6 +178,53 @@ std::span<const float> InferenceContext::logits_at(int32_t batch_index) const {
         throw std::logic_error("no logits for batch index");
     }
     return {logits, static_cast<size_t>(model_.n_vocab())};
+}
+
+int32_t InferenceContext::max_prefill_chunk() const {
+    const auto ubatch = static_cast<int32_t>(options_.n_ubatch);
+    return row_group_ > 1 ? std::max(row_group_, ubatch / row_group_ * row_group_) : ubatch;
+}
+
+int32_t InferenceContext::prefill(SeqId seq, std::span<const Token> tokens, Pos begin,
+                                  bool want_last_logits, int32_t* logits_index) {
+    const auto n = static_cast<int32_t>(tokens.size());
+    const int32_t g = row_group_;
+    const auto padded = [g](int32_t rows) { return (rows + g - 1) / g * g; };
+    // ggml-cpu's flash attention computes a batch of >= 64 query rows in tiles and a smaller
+    // one row by row (stage/plan.h): padding must not move a chunk from one to the other.
+    constexpr int32_t kFlashTile = 64;
+    int32_t cut = n;
+    if (g > 1 && flash_attn() && n < kFlashTile && padded(n) >= kFlashTile) {
+        cut = n - g;  // (both halves are row-by-row chunks of >= 2: the same bits)
+    }
+    int32_t at = 0;
+    while (at < n) {
+        const int32_t end = at == 0 ? cut : n;
+        batch_clear();
+        for (int32_t i = at; i < end; ++i) {
+            const bool want = want_last_logits && i == n - 1;
+            const int32_t index = batch_add(tokens[static_cast<size_t>(i)], begin + i, seq, want);
+            if (want && logits_index != nullptr) {
+                *logits_index = index;
+            }
+        }
+        const int32_t pad = g > 1 ? padded(end - at) - (end - at) : 0;
+        for (int32_t k = 0; k < pad; ++k) {
+            batch_add(tokens[static_cast<size_t>(end - 1)], begin + end + k, seq, false);
+        }
+        const int32_t rc = decode();
+        if (rc != 0) {
+            if (at > 0) {
+                seq_remove(seq, begin, -1);  // the first half is in; the chunk is not
+            }
+            return rc;
+        }
+        if (pad > 0) {
+            seq_remove(seq, begin + end, -1);
+        }
+        at = end;
+    }
+    return 0;
 }
 
 bool InferenceContext::seq_remove(SeqId seq, Pos p0, Pos p1) {

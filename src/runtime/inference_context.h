@@ -65,6 +65,14 @@ class InferenceContext {
     uint32_t n_batch() const { return options_.n_batch; }
     uint32_t n_ubatch() const { return options_.n_ubatch; }  // <= n_batch
     uint32_t n_seq_max() const { return options_.n_seq_max; }
+    // Prefill batches are padded to a multiple of this many rows (repacked weights of an
+    // attention-only model: 4, model.h); 1 = no padding.
+    int32_t prefill_row_group() const { return row_group_; }
+    // The longest prefill chunk prefill() takes in one llama_decode (n_ubatch, rounded down to
+    // whole row groups so that a padded chunk still fits one ubatch).
+    int32_t max_prefill_chunk() const;
+    // Cells of a lane a request may use: n_ctx_seq() less the room padding needs after them.
+    uint32_t n_ctx_usable() const { return n_ctx_seq() - static_cast<uint32_t>(row_group_ - 1); }
 
     // One throwaway decode of BOS + EOS, then all lanes cleared, as llama.cpp's tools do
     // before serving: the model's weights are paged in and the kernels' buffers set up now
@@ -81,6 +89,15 @@ class InferenceContext {
     int32_t decode();
     // Logits of the batch token at `batch_index` (must have been added with want_logits).
     std::span<const float> logits_at(int32_t batch_index) const;
+    // One exact prefill chunk: `tokens` at positions begin.. of `seq` (at most
+    // max_prefill_chunk()), in one llama_decode, or two where padding would move a chunk under
+    // flash attention's 64-row tile into the tiled kernel (both halves stay row by row).
+    // With a row group > 1, each batch gets throw-away rows after the chunk (positions past
+    // it, removed again), so every row of the chunk takes the same kernels wherever the
+    // chunk starts and ends. Returns decode()'s code (on failure nothing of the chunk stays
+    // in the cache); `logits_index`: the last token's batch index when want_last_logits.
+    int32_t prefill(SeqId seq, std::span<const Token> tokens, Pos begin, bool want_last_logits,
+                    int32_t* logits_index = nullptr);
 
     // ---- sequence operations ----
     bool seq_remove(SeqId seq, Pos p0 = -1, Pos p1 = -1);
@@ -108,6 +125,7 @@ class InferenceContext {
     struct BatchStorage;
     BatchStorage* batch_ = nullptr;
     int32_t n_batch_tokens_ = 0;
+    int32_t row_group_ = 1;
     struct Threadpool;
     Threadpool* threadpool_ = nullptr;
 };

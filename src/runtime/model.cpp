@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "ggml-backend.h"
+#include "gguf.h"
 #include "llama.h"
 
 namespace skippy::runtime {
@@ -137,6 +138,51 @@ bool terminal_load_progress(float progress, void* user_data) {
     return true;
 }
 
+// Whether the model at `path` keeps recurrent state (hybrid or recurrent): read from its
+// metadata and vocabulary alone, without its weights.
+bool has_recurrent_state(const std::string& path) {
+    llama_model_params params = llama_model_default_params();
+    params.vocab_only = true;
+    params.n_gpu_layers = 0;
+    llama_model* probe = llama_model_load_from_file(path.c_str(), params);
+    if (probe == nullptr) {
+        return false;  // (the real load reports the problem)
+    }
+    const bool recurrent = llama_model_is_recurrent(probe) || llama_model_is_hybrid(probe);
+    llama_model_free(probe);
+    return recurrent;
+}
+
+// Whether the file has weights of a type llama.cpp's CPU backend repacks on some CPU (x86 with
+// AVX2: Q4_0, Q4_K, IQ4_NL, MXFP4; Arm and RISC-V also Q8_0, Q2_K, Q5_K, Q6_K). Without any,
+// repacking changes nothing and prefill needs no padding.
+bool has_repackable_weights(const std::string& path) {
+    gguf_init_params params{true, nullptr};
+    gguf_context* ctx = gguf_init_from_file(path.c_str(), params);
+    if (ctx == nullptr) {
+        return false;
+    }
+    bool any = false;
+    for (int64_t i = 0; i < gguf_get_n_tensors(ctx) && !any; ++i) {
+        switch (gguf_get_tensor_type(ctx, i)) {
+            case GGML_TYPE_Q4_0:
+            case GGML_TYPE_Q4_K:
+            case GGML_TYPE_IQ4_NL:
+            case GGML_TYPE_MXFP4:
+            case GGML_TYPE_Q8_0:
+            case GGML_TYPE_Q2_K:
+            case GGML_TYPE_Q5_K:
+            case GGML_TYPE_Q6_K:
+                any = true;
+                break;
+            default:
+                break;
+        }
+    }
+    gguf_free(ctx);
+    return any;
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptions& options) {
@@ -169,7 +215,13 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelLoadOptio
     if (!options.use_mmap) {
         params.load_mode = LLAMA_LOAD_MODE_NONE;
     }
-    params.use_extra_bufts = options.repack;
+    const bool repackable = has_repackable_weights(path);
+    bool repack = options.repack == ModelLoadOptions::Repack::On;
+    if (options.repack == ModelLoadOptions::Repack::Auto) {
+        repack = repackable && !has_recurrent_state(path);
+    }
+    params.use_extra_bufts = repack;
+    model->repacked_ = repack && repackable;
     int last_percent = -5;
     if (::isatty(STDERR_FILENO) != 0) {
         params.progress_callback = terminal_load_progress;

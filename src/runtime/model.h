@@ -46,11 +46,15 @@ struct ModelLoadOptions {
     SplitMode split_mode = SplitMode::Layer;
     bool use_mmap = true;
     // llama.cpp's CPU weight repacking (extra buffer types: Q4_K, Q4_0, IQ4_NL ... laid out
-    // for its gemm kernels). Its kernels compute a token's row differently in a batch of
-    // fewer than 4 tokens (gemv) than in a larger one (gemm), so a prefix computed in other
-    // batches than a cold prefill would use differs in its last bits: off while the prefix
-    // cache is on (serve_command), on otherwise (llama.cpp's default, --repack).
-    bool repack = true;
+    // for its gemm kernels, ~1.3x faster prefill). Its kernels compute the rows of a batch in
+    // groups of 4 (gemm) and the last rows % 4 one by one (gemv), which rounds differently, so
+    // a token's state would depend on where its chunk ends. InferenceContext::prefill pads
+    // every prefill batch to whole groups (throw-away rows, removed again) so every prompt
+    // row takes the gemm path whatever the chunking; that needs rows that can be removed
+    // again, so models with recurrent state (whose state cannot step back) are loaded
+    // without repacking. Auto: on for attention-only models, off for the others.
+    enum class Repack : uint8_t { Auto, On, Off };
+    Repack repack = Repack::Auto;
 };
 
 class Model {
@@ -82,6 +86,9 @@ class Model {
     // 0 for models with recurrent layers (their attention layers are not reported).
     uint64_t kv_elements_per_cell() const;
     ModelKind kind() const { return kind_; }
+    // Weights of a repackable type were loaded with llama.cpp's CPU repacking
+    // (ModelLoadOptions::repack; false for a model without such weights).
+    bool repacked() const { return repacked_; }
     const std::string& arch() const { return arch_; }
     const std::string& name() const { return name_; }
     const std::string& path() const { return path_; }
@@ -102,6 +109,7 @@ class Model {
     llama_model* model_ = nullptr;
     const llama_vocab* vocab_ = nullptr;
     ModelKind kind_ = ModelKind::Dense;
+    bool repacked_ = false;
     std::string arch_;
     std::string name_;
     std::string path_;

@@ -208,9 +208,10 @@ void add_serve_options(CLI::App& app, ServeConfig& c) {
         ->envname("SKIPPY_SPLIT_MODE")
         ->default_str("layer");
     app.add_option("--repack", c.repack,
-                   "llama.cpp's CPU weight repacking (Q4_K, Q4_0, IQ4_NL ...): auto = off "
-                   "while the prefix cache is on (its kernels give a batch of < 4 tokens other "
-                   "bits than a larger one, so a restored prefix would not be exact), on, off")
+                   "llama.cpp's CPU weight repacking (Q4_K, Q4_0, IQ4_NL ...): auto = on for "
+                   "attention-only models (prefill batches are padded to whole groups of 4 rows, "
+                   "so a restored prefix is exact), off for models with recurrent state (whose "
+                   "padding rows could not be removed again), on, off")
         ->check(CLI::IsMember({"auto", "on", "off"}))
         ->envname("SKIPPY_REPACK")
         ->capture_default_str();
@@ -454,13 +455,18 @@ int run_serve(ServeConfig config) {
             config.http.api_keys.push_back(std::move(key));
         }
     }
-    config.load.repack = config.repack == "on" ||
-                         (config.repack == "auto" && config.cache.mode == stage::CacheMode::Off);
-    if (config.repack == "on" && config.cache.mode != stage::CacheMode::Off) {
-        std::cerr << "skippy: --repack on with the prefix cache on: restores of repacked weight "
-                     "types (Q4_K, Q4_0, IQ4_NL ...) are not bit-exact\n";
-    }
+    config.load.repack = config.repack == "on"    ? runtime::ModelLoadOptions::Repack::On
+                         : config.repack == "off" ? runtime::ModelLoadOptions::Repack::Off
+                                                  : runtime::ModelLoadOptions::Repack::Auto;
     auto model = runtime::Model::load(config.model_path, config.load);
+    if (model->repacked() &&
+        (model->kind() == runtime::ModelKind::Hybrid ||
+         model->kind() == runtime::ModelKind::Recurrent) &&
+        config.cache.mode != stage::CacheMode::Off) {
+        std::cerr << "skippy: --repack on with a model with recurrent state and the prefix cache "
+                     "on: restores of repacked weight types (Q4_K, Q4_0, IQ4_NL ...) are not "
+                     "bit-exact\n";
+    }
     const runtime::DevicePlacement& placement = model->placement();
     std::string template_override;
     if (!config.chat_template_file.empty()) {

@@ -35,7 +35,7 @@ struct ServeConfig {
     // puts every layer on the devices there are (none in a CPU build without --rpc).
     runtime::ModelLoadOptions load;
     std::vector<std::string> rpc_servers;  // --rpc HOST:PORT,...: registered before the load
-    std::string repack = "auto";           // --repack: auto (off while the cache is on) | on | off
+    std::string repack = "auto";  // --repack: auto (on for attention-only models) | on | off
     bool list_devices = false;             // print the devices and exit
     HttpServerOptions http;
     SchedulerOptions scheduler;

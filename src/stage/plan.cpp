@@ -57,6 +57,12 @@ int32_t ExactRule::body_end(int32_t n, std::span<const int32_t> boundaries) cons
     return n - 1 >= body_min ? n - 1 : 0;  // a completion: the same prompt again is one token
 }
 
+std::vector<int32_t> ExactRule::chunks(int32_t begin, int32_t n,
+                                       std::span<const int32_t> boundaries,
+                                       int32_t max_chunk) const {
+    return plan_chunks(begin, n, {}, max_chunk, body_min, body_end(n, boundaries));
+}
+
 namespace {
 
 // One regime's part of a plan: [begin, end) in chunks of min_chunk..max_chunk tokens.

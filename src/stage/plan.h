@@ -64,31 +64,33 @@ struct Plan {
     // Ascending ends of the prefill chunks (from n_restored), the last one = the prompt
     // size, following the exactness rule above.
     std::vector<int32_t> chunk_ends;
-    // Chunk ends where the stage takes a checkpoint (StageBackend::checkpoint).
+    // Chunk ends where the stage takes a checkpoint (reported as LaneReport::checkpoint).
     std::vector<int32_t> checkpoints;
+    // The stage wants the end of this turn prefilled after the reply (chat requests only;
+    // StageBackend::plan_turn_end).
+    bool turn_end = false;
 };
 
-// The shortest exact prefill chunk of the body (2, or 64 with flash attention).
-constexpr int32_t min_chunk_tokens(bool flash_attn) { return flash_attn ? 64 : 2; }
-
-// The exactness rule of one context (see the top of this file).
+// The exactness rule of one context (see the top of this file): the one place that derives
+// chunk sizes from the attention kernel and the model family.
 struct ExactRule {
+    // The shortest exact prefill chunk of the body (2, or 64 with flash attention).
     int32_t body_min = 2;
     // The longest last message prefilled as the tail (restored at its start).
     int32_t max_tail = 16;
 
-    static ExactRule for_flash_attn(bool flash_attn) { return {min_chunk_tokens(flash_attn)}; }
     // A model with recurrent state restores only where a checkpoint is: every last message
     // under 64 tokens is the tail (its attention layers are few, so rows are cheap), so a
     // shared system prompt followed by a short question restores at the system prompt end.
-    static ExactRule for_model(bool flash_attn, bool recurrent_state) {
-        ExactRule rule = for_flash_attn(flash_attn);
+    static constexpr ExactRule for_model(bool flash_attn, bool recurrent_state) {
+        ExactRule rule;
+        rule.body_min = flash_attn ? 64 : 2;
         if (recurrent_state && rule.has_tail()) {
             rule.max_tail = rule.body_min - 1;
         }
         return rule;
     }
-    bool has_tail() const { return body_min > 2; }
+    constexpr bool has_tail() const { return body_min > 2; }
     // B for a prompt of n tokens with these message boundaries (any order).
     int32_t body_end(int32_t n, std::span<const int32_t> boundaries) const;
     // Whether state of the first r tokens, computed in the body regime, may be restored for
@@ -105,6 +107,11 @@ struct ExactRule {
     }
     // The longest restore a prompt of n tokens with body end b can take from the body.
     int32_t restore_limit(int32_t b, int32_t n) const { return best_restore(n, b, n); }
+    // Chunk ends for prefilling [begin, n) of a prompt of n tokens with these message
+    // boundaries, at most `max_chunk` tokens each (plan_chunks with this rule's minimum and
+    // body end, no pauses).
+    std::vector<int32_t> chunks(int32_t begin, int32_t n, std::span<const int32_t> boundaries,
+                                int32_t max_chunk) const;
 };
 
 // How many leading tokens a and b share, at most `limit`.

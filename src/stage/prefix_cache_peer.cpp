@@ -11,8 +11,8 @@
 // Dense lanes serve any prefix they have prefilled (attention KV is trimmed). A hybrid or
 // recurrent lane's recurrent state exists only where its prefill is, so the waiting request
 // names a point of the busy lane's prefill (pause_point: one of its chunk ends, or a split of
-// a body chunk into two exact ones), the lane pauses there (hold_for_peer / hold_point, set
-// again before every step while the request waits and could start), and the request copies
+// a body chunk into two exact ones), the lane pauses there (pauses(), asked again before every
+// step while the request waits and could start), and the request copies
 // the whole state at that moment; the busy lane keeps that state as a checkpoint, recorded
 // with its others, so later requests restore it from the store.
 #include <chrono>
@@ -29,13 +29,6 @@ namespace {
 constexpr int32_t kPeerWaitMinTokens = 64;
 
 }  // namespace
-
-void PrefixCacheStage::prefilled(SeqId lane, int32_t n_tokens) {
-    LaneState& state = lanes_[static_cast<size_t>(lane)];
-    if (state.busy) {
-        state.prefilled = n_tokens;
-    }
-}
 
 int32_t PrefixCacheStage::busy_lane_reach(const LaneState& lane, const cache::NamespaceId& ns,
                                           std::span<const Token> prompt, int32_t limit) const {
@@ -244,29 +237,29 @@ bool PrefixCacheStage::waits_for_recurrent_peer(
     return shared > pause.tokens && worth_waiting(shared, available_now(ns, prompt, shared));
 }
 
-void PrefixCacheStage::clear_holds() {
-    for (LaneState& lane : lanes_) {
-        lane.hold = -1;
-    }
-}
-
-void PrefixCacheStage::hold_for_peer(const PromptInfo& prompt) {
+PrefixCacheStage::PeerPause PrefixCacheStage::pause_for(const PromptInfo& prompt) const {
     if (!layout_.has_recurrent || !lookups_enabled(prompt)) {
-        return;
+        return {};
     }
     const cache::NamespaceId ns = namespace_for(prompt.cache_namespace);
     const PeerPause pause = best_pause(ns, prompt);
-    // (The same test as waits_for_recurrent_peer: a lane is held only for a request that waits.)
     if (pause.tokens == 0 || pause.ready ||
         !worth_waiting(pause.tokens, available_now(ns, prompt, pause.tokens))) {
-        return;
+        return {};
     }
-    int32_t& hold = lanes_[static_cast<size_t>(pause.lane)].hold;
-    hold = hold < 0 ? pause.tokens : std::min(hold, pause.tokens);  // the first one reached
+    return pause;
 }
 
-int32_t PrefixCacheStage::hold_point(SeqId lane) const {
-    return lanes_[static_cast<size_t>(lane)].hold;
+std::vector<int32_t> PrefixCacheStage::pauses(std::span<const PromptInfo> waiting) {
+    std::vector<int32_t> holds(lanes_.size(), -1);
+    for (const PromptInfo& prompt : waiting) {
+        const PeerPause pause = pause_for(prompt);
+        if (pause.tokens > 0) {
+            int32_t& hold = holds[static_cast<size_t>(pause.lane)];
+            hold = hold < 0 ? pause.tokens : std::min(hold, pause.tokens);  // the first reached
+        }
+    }
+    return holds;
 }
 
 }  // namespace skippy::stage

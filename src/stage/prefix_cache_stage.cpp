@@ -12,21 +12,11 @@
 
 namespace skippy::stage {
 
-using Clock = std::chrono::steady_clock;
-
 namespace {
 
 // A hybrid/recurrent turn with no checkpoint to restart its end from is prefilled again
 // from the start when it is at most this long (a short first exchange).
 constexpr int32_t kTurnEndFromStart = 512;
-
-double ms_since(Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-cache::PageId page_of(const cache::NamespaceId& ns, std::span<const Token> tokens) {
-    return cache::prefix_identity(ns, 0, tokens).page_id();
-}
 
 }  // namespace
 
@@ -48,6 +38,10 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     base_fields_.n_ctx = 0;  // pages do not depend on the context size or the lane count
     // Backend kind per layer, split and device kinds; "cpu" without devices (devices.h).
     base_fields_.devices = model.placement().identity();
+    if (model.repacked()) {
+        // Repacked weights run other kernels (gemm over padded row groups): other bits.
+        base_fields_.devices += "+repack";
+    }
     base_fields_.platform = cache::current_platform();
     layout_.kind = payload;
     layout_.n_layer = model.n_layer();
@@ -57,7 +51,6 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     layout_.has_recurrent =
         model.kind() == runtime::ModelKind::Hybrid || model.kind() == runtime::ModelKind::Recurrent;
     match_ = layout_.has_recurrent ? cache::PrefixMatch::Stored : cache::PrefixMatch::Common;
-    rule_ = ExactRule::for_model(base_fields_.flash_attn, layout_.has_recurrent);
     telemetry_ = std::make_unique<CacheTelemetry>(config.events_log_path);
     // Tests of the restore_failed / quarantined paths: the next N imports of stored entries
     // fail as a corrupt one would.
@@ -125,7 +118,7 @@ PrefixCacheStage::~PrefixCacheStage() {
     }
 }
 
-void PrefixCacheStage::attach(runtime::InferenceContext& context, uint32_t n_lanes) {
+void PrefixCacheStage::attached(runtime::InferenceContext& context, uint32_t n_lanes) {
     lanes_.assign(n_lanes, LaneState{});
     layout_.n_stream = context.n_seq_max();
     context_cells_per_lane_ = context.n_ctx_seq();
@@ -145,10 +138,6 @@ bool PrefixCacheStage::lookups_enabled(const PromptInfo& prompt) const {
 
 bool PrefixCacheStage::records_enabled(const PromptInfo& prompt) const {
     return config_.mode != CacheMode::Off && prompt.cache_enabled;
-}
-
-bool PrefixCacheStage::wants_turn_end(const PromptInfo& prompt) const {
-    return records_enabled(prompt);
 }
 
 void PrefixCacheStage::debug_forget_lanes() {
@@ -257,48 +246,6 @@ SeqId PrefixCacheStage::choose_lane(std::span<const SeqId> idle, const PromptInf
     return best;
 }
 
-std::vector<int32_t> PrefixCacheStage::record_positions(const PromptInfo& prompt,
-                                                        int32_t n_restored,
-                                                        bool turn_end_follows) const {
-    const auto n = static_cast<int32_t>(prompt.tokens.size());
-    // Every state in the body is exact for a later prompt that goes on past it (the restore
-    // checks what that prompt's rule allows); the prompt end itself is recorded where this
-    // same prompt could restore it.
-    const int32_t body = body_end(prompt);
-    const int32_t limit = rule_.restore_limit(body, n);
-    std::vector<int32_t> bounds;
-    for (int32_t b : prompt.message_boundaries) {
-        if (b > n_restored && b <= body && b >= static_cast<int32_t>(policy_.min_tokens)) {
-            bounds.push_back(b);
-        }
-    }
-    std::sort(bounds.begin(), bounds.end());
-    bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
-    std::vector<int32_t> out;
-    // The end of the prompt's body (without flash attention: the prompt end minus the 2
-    // tokens a restore leaves to prefill) serves a request that repeats or extends this
-    // prompt; a chat request records its turn end instead.
-    if (!turn_end_follows && limit > n_restored &&
-        limit >= static_cast<int32_t>(policy_.min_tokens)) {
-        out.push_back(limit);
-    }
-    // The shortest new boundary (a system prompt end, shared by new conversations), then
-    // the others longest first (where the next request of this conversation diverges).
-    if (!bounds.empty()) {
-        out.push_back(bounds.front());
-        for (auto it = bounds.rbegin(); it != bounds.rend() - 1; ++it) {
-            out.push_back(*it);
-        }
-    }
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    if (out.size() > policy_.record_limit) {
-        out.resize(policy_.record_limit);
-    }
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out;
-}
-
 Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
                             const PromptInfo& prompt, int32_t max_chunk) {
     LaneState& state = lanes_[static_cast<size_t>(lane)];
@@ -349,6 +296,9 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     state.recurrent_at = restored;
     state.n_restored = restored;
     plan.n_restored = restored;
+    // The end of the turn is worth prefilling wherever its state is recorded.
+    state.turn_end_follows = prompt.renders_turn_end && records_enabled(prompt);
+    plan.turn_end = state.turn_end_follows;
     // Other lanes may copy what this one prefills (not from a request that opted out).
     state.busy = records_enabled(prompt);
     state.prompt.assign(prompt.tokens.begin(),
@@ -366,7 +316,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
     std::vector<int32_t> recorded;  // (sorted)
     if (checkpoints) {
         // The recurrent state is only ever available where the prefill pauses.
-        recorded = record_positions(prompt, restored, prompt.turn_end_follows);
+        recorded = record_positions(prompt, restored, state.turn_end_follows);
         // Each pause costs one more decode call now (~6 ms on the bench models, 2 cores), so
         // a state that would save a later prompt fewer than min_tokens over the state below
         // it (the restore, or the previous pause) is not taken: the reply between the last
@@ -397,7 +347,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
         }
         pauses = recorded;
         if (b < n && b > restored) {
-            pauses.push_back(b);  // where the end of the turn restarts (begin_turn_end)
+            pauses.push_back(b);  // where the end of the turn restarts (plan_turn_end)
         }
         std::sort(pauses.begin(), pauses.end());
     }
@@ -424,7 +374,7 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
             before = last_before();
         }
         if (before > 0) {
-            if (prompt.turn_end_follows &&
+            if (state.turn_end_follows &&
                 !std::binary_search(recorded.begin(), recorded.end(), before)) {
                 state.turn_start = before;  // (a record position stays a stored one)
             }
@@ -439,7 +389,6 @@ Plan PrefixCacheStage::plan(runtime::InferenceContext& context, SeqId lane,
         }
     }
     state.chunk_ends = plan.chunk_ends;  // where a request waiting for this lane may copy it
-    state.hold = -1;
     return plan;
 }
 
@@ -470,8 +419,35 @@ std::shared_ptr<const std::vector<uint8_t>> PrefixCacheStage::export_recurrent(
     return buffers_->share(std::move(blob));  // back to the pool when the last owner drops it
 }
 
-void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane,
-                                  const PromptInfo& prompt, int32_t n_tokens) {
+void PrefixCacheStage::report(runtime::InferenceContext& context, SeqId lane,
+                              const PromptInfo& prompt, const LaneReport& what) {
+    switch (what.what) {
+        case LaneReport::What::ChunkDone:
+            if (LaneState& state = lanes_[static_cast<size_t>(lane)];
+                state.busy && !what.turn_end) {
+                state.prefilled = what.n_tokens;  // a peer may copy up to here
+            }
+            if (what.checkpoint) {
+                take_checkpoint(context, lane, prompt, what.n_tokens);
+            }
+            return;
+        case LaneReport::What::PromptDone:
+            prompt_done(context, lane, prompt);
+            return;
+    }
+}
+
+void PrefixCacheStage::finish(runtime::InferenceContext& context, SeqId lane,
+                              const PromptInfo& prompt, const LaneFinish& how) {
+    if (how.how == LaneFinish::How::Failed) {
+        discard(context, lane);
+    } else {
+        release(context, lane, prompt, how.canonical, how.how == LaneFinish::How::TurnEnd);
+    }
+}
+
+void PrefixCacheStage::take_checkpoint(runtime::InferenceContext& context, SeqId lane,
+                                       const PromptInfo& prompt, int32_t n_tokens) {
     if (!layout_.has_recurrent || !records_enabled(prompt)) {
         return;
     }
@@ -485,20 +461,21 @@ void PrefixCacheStage::checkpoint(runtime::InferenceContext& context, SeqId lane
 void PrefixCacheStage::prompt_done(runtime::InferenceContext& context, SeqId lane,
                                    const PromptInfo& prompt) {
     const auto n = static_cast<int32_t>(prompt.tokens.size());
-    if (!layout_.has_recurrent || !prompt.turn_end_follows || !records_enabled(prompt) ||
-        lanes_[static_cast<size_t>(lane)].body_end < n) {
+    const LaneState& state = lanes_[static_cast<size_t>(lane)];
+    if (!layout_.has_recurrent || !state.turn_end_follows || !records_enabled(prompt) ||
+        state.body_end < n) {
         return;  // (a prompt with a tail has a checkpoint at its body end instead)
     }
     // A checkpoint at the prompt end: the end of the turn restarts from it, and the next
     // request of the conversation, which shares this prompt whole (a generation prompt is
     // one of its message boundaries) but not always the reply (a client that edits or
     // re-renders it, or one that comes back before the end of the turn ran), restores it.
-    checkpoint(context, lane, prompt, n);
+    take_checkpoint(context, lane, prompt, n);
 }
 
-Plan PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId lane,
-                                      const PromptInfo& prompt, std::span<const Token> turn,
-                                      int32_t max_chunk) {
+Plan PrefixCacheStage::plan_turn_end(runtime::InferenceContext& context, SeqId lane,
+                                     const PromptInfo& prompt, std::span<const Token> turn,
+                                     int32_t max_chunk) {
     Plan plan;
     plan.n_restored = -1;  // no end-of-turn work
     LaneState& state = lanes_[static_cast<size_t>(lane)];
@@ -508,8 +485,7 @@ Plan PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId 
     state.prompt.clear();
     state.prefilled = 0;
     state.chunk_ends.clear();
-    state.hold = -1;
-    if (!records_enabled(prompt) || end < n + 2) {
+    if (!state.turn_end_follows || end < n + 2) {
         return plan;
     }
     if (state.tokens.size() != prompt.tokens.size() ||
@@ -559,222 +535,6 @@ Plan PrefixCacheStage::begin_turn_end(runtime::InferenceContext& context, SeqId 
     // The rest of the turn in body chunks: the state every later prompt computes there.
     plan.chunk_ends = plan_chunks(from, end, {}, max_chunk, rule_.body_min);
     return plan;
-}
-
-void PrefixCacheStage::release(runtime::InferenceContext& context, SeqId lane,
-                               const PromptInfo& prompt, std::span<const Token> canonical,
-                               bool turn_end) {
-    LaneState& state = lanes_[static_cast<size_t>(lane)];
-    state.last_used = ++clock_;
-    state.busy = false;
-    state.prompt.clear();
-    state.chunk_ends.clear();
-    state.hold = -1;
-    state.tokens.assign(canonical.begin(), canonical.end());
-    if (turn_end) {
-        // The end of the turn was prefilled in body chunks from inside the body.
-        state.body_end = static_cast<int32_t>(canonical.size());
-        state.tail_exact = true;
-    }
-    const Pos held = context.seq_pos_max(lane) + 1;
-    state.recurrent_at = held == static_cast<Pos>(canonical.size()) ? held : -1;
-    if (!records_enabled(prompt) || canonical.empty()) {
-        state.pending.clear();
-        update_lane_gauge();
-        return;
-    }
-    // Dense models take any position from the export; hybrid/recurrent ones only where a
-    // checkpoint captured the recurrent state (the lane's own end included).
-    std::vector<int32_t> positions;
-    if (layout_.has_recurrent) {
-        if (turn_end && state.recurrent_at == static_cast<int32_t>(canonical.size())) {
-            if (auto blob = export_recurrent(context, lane)) {
-                state.checkpoints.push_back({state.recurrent_at, std::move(blob)});
-            }
-        }
-        for (const auto& c : state.checkpoints) {
-            if (c.n_tokens <= state.body_end && c.n_tokens != state.turn_start) {
-                positions.push_back(c.n_tokens);  // (tail checkpoints stay in the lane)
-            }
-        }
-    } else {
-        // One entry, the longest: a dense entry serves every prefix of itself (restore()).
-        positions = record_positions(prompt, state.n_restored, turn_end);
-        if (turn_end) {
-            positions.push_back(static_cast<int32_t>(canonical.size()));
-        } else if (prompt.turn_end_follows && state.body_end > state.n_restored) {
-            // The end of this turn may never run (the lane is taken by another conversation
-            // first): the next turn extends this prompt, whose body end it can restore.
-            positions.push_back(state.body_end);
-        }
-        if (!positions.empty()) {
-            positions = {*std::max_element(positions.begin(), positions.end())};
-        }
-    }
-    // Keep the checkpoints inside what the lane holds (the lane reuses them in place).
-    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
-        return cp.n_tokens > static_cast<int32_t>(state.tokens.size());
-    });
-    // The export is deferred: while the lane keeps this state (the same conversation comes
-    // back to it) nothing needs copying at all. It happens before the lane's state is
-    // replaced, or when the scheduler has been idle for a while (flush_lane).
-    for (int32_t p : positions) {
-        if (p >= static_cast<int32_t>(policy_.min_tokens) &&
-            p <= static_cast<int32_t>(state.tokens.size())) {
-            state.pending.push_back(p);
-        }
-    }
-    std::sort(state.pending.begin(), state.pending.end());
-    state.pending.erase(std::unique(state.pending.begin(), state.pending.end()),
-                        state.pending.end());
-    if (!layout_.has_recurrent && state.pending.size() > 1) {
-        state.pending.erase(state.pending.begin(), state.pending.end() - 1);  // the longest
-    }
-    trim_checkpoints(state);
-    update_lane_gauge();
-}
-
-void PrefixCacheStage::trim_checkpoints(LaneState& state) const {
-    // Bounded memory: the newest few checkpoints (where the next request most likely
-    // diverges) plus those that pending records still need.
-    constexpr size_t kKeep = 4;
-    std::sort(state.checkpoints.begin(), state.checkpoints.end(),
-              [](const Checkpoint& a, const Checkpoint& b) { return a.n_tokens < b.n_tokens; });
-    const size_t n = state.checkpoints.size();
-    size_t i = 0;
-    std::erase_if(state.checkpoints, [&](const Checkpoint& cp) {
-        const bool recent = i++ + kKeep >= n;
-        return !recent &&
-               !std::binary_search(state.pending.begin(), state.pending.end(), cp.n_tokens);
-    });
-}
-
-void PrefixCacheStage::flush_lane(runtime::InferenceContext& context, SeqId lane) {
-    LaneState& state = lanes_[static_cast<size_t>(lane)];
-    if (state.pending.empty()) {
-        return;
-    }
-    std::vector<int32_t> positions = std::move(state.pending);
-    state.pending.clear();
-    submit_records(context, lane, state, std::move(positions), false);
-    update_lane_gauge();
-}
-
-bool PrefixCacheStage::has_idle_work() {
-    apply_forget_lanes();
-    return std::any_of(lanes_.begin(), lanes_.end(),
-                       [](const LaneState& s) { return !s.pending.empty(); });
-}
-
-void PrefixCacheStage::set_busy(bool busy) {
-    if (disk_) {
-        disk_->set_foreground_busy(busy);  // disk writes wait for the idle side (bounded)
-    }
-}
-
-void PrefixCacheStage::idle(runtime::InferenceContext& context) {
-    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
-        flush_lane(context, static_cast<SeqId>(lane));
-    }
-}
-
-void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId lane,
-                                      LaneState& state, std::vector<int32_t> positions,
-                                      bool turn_end) {
-    (void)turn_end;
-    const cache::NamespaceId ns = state.ns;
-    std::sort(positions.begin(), positions.end());
-    positions.erase(std::unique(positions.begin(), positions.end()), positions.end());
-    // Cheap, non-blocking admission checks before paying for the export.
-    std::vector<LaneRecordItem> items;
-    for (int32_t p : positions) {
-        if (p < static_cast<int32_t>(policy_.min_tokens) ||
-            p > static_cast<int32_t>(state.tokens.size())) {
-            continue;
-        }
-        const auto tokens = std::span<const Token>(state.tokens).first(static_cast<size_t>(p));
-        const cache::PageId page = page_of(ns, tokens);
-        RecordEvent event;
-        event.payload = cache::to_string(layout_.kind);
-        event.tokens = p;
-        event.page_id = page.str();
-        // (Unknown: the store is busy, e.g. the record worker inserting another lane's
-        // records flushed in the same idle step. The record goes ahead; the worker finds an
-        // entry that is already there and drops the copy. Skipping it lost the record.)
-        if (exact_->try_contains(ns, tokens, page) == cache::Presence::Present) {
-            event.decision = "already_present";
-            telemetry_->record(event);
-            continue;
-        }
-        LaneRecordItem item{p, page, {}};
-        if (layout_.has_recurrent) {
-            auto it = std::find_if(state.checkpoints.begin(), state.checkpoints.end(),
-                                   [&](const Checkpoint& c) { return c.n_tokens == p; });
-            if (it == state.checkpoints.end()) {
-                continue;
-            }
-            item.recurrent = it->recurrent;
-        }
-        items.push_back(std::move(item));
-    }
-    if (items.empty()) {
-        return;
-    }
-    const cache::PageId job_page = items.back().page;
-    RecordEvent event;
-    event.payload = cache::to_string(layout_.kind);
-    event.tokens = items.back().n;
-    event.page_id = job_page.str();
-    const cache::Admission probe = queue_->probe(job_page);
-    if (probe != cache::Admission::Queued) {
-        event.decision = probe == cache::Admission::DroppedFull       ? "dropped_full"
-                         : probe == cache::Admission::AlreadyInFlight ? "in_flight"
-                                                                      : "worker_stopped";
-        telemetry_->record(event);
-        return;
-    }
-    const size_t estimate = context.state_size(lane, runtime::StateScope::Full);
-    const uint64_t queued = queued_bytes_->load();
-    if (queued + estimate > queue_budget_bytes_) {
-        event.decision = "dropped_full";
-        event.reason = "queued captures at their byte budget";
-        telemetry_->record(event);
-        return;
-    }
-    // Recycled buffers count against the same budget and give way to a capture.
-    buffers_->trim_idle(queue_budget_bytes_ - queued - estimate);
-    std::vector<uint8_t> storage =
-        buffers_->take(estimate, queue_budget_bytes_ - queued - buffers_->idle_bytes());
-    // The one copy on the scheduler thread: the lane's state as llama.cpp exports it.
-    const auto t0 = Clock::now();
-    auto captured = std::make_shared<CapturedState>();
-    try {
-        const auto held = static_cast<uint32_t>(context.seq_pos_max(lane) + 1);
-        *captured = capture_state(context, lane, held, layout_, std::move(storage));
-    } catch (const std::exception& e) {
-        event.decision = "failed";
-        event.reason = e.what();
-        telemetry_->record(event);
-        return;
-    }
-    event.export_ms = ms_since(t0);
-    event.bytes = captured->blob.size();
-    const uint64_t charged = captured->blob.capacity();
-    queued_bytes_->fetch_add(charged);
-    LaneRecord record;
-    record.ns = ns;
-    record.captured = std::move(captured);
-    record.items = std::move(items);
-    record.tokens = state.tokens;
-    auto queued_bytes = queued_bytes_;
-    auto run = make_lane_record_job(
-        std::move(record), *exact_, disk_.get(), *telemetry_, layout_, buffers_,
-        [queued_bytes, charged] { queued_bytes->fetch_sub(charged); }, redis_.get());
-    // (the release runs when the job is destroyed: after it ran, or when it was dropped)
-    const cache::Admission admission = queue_->submit(cache::RecordJob{job_page, std::move(run)});
-
-    event.decision = admission == cache::Admission::Queued ? "queued" : "dropped_full";
-    telemetry_->record(event);
 }
 
 void PrefixCacheStage::discard(runtime::InferenceContext& context, SeqId lane) {

@@ -6,20 +6,29 @@
 //                the longest prefix of the prompt; else an empty or least recently used one.
 //   plan         restore, longest first, from: the lane itself (no copy; dense lanes are
 //                trimmed to the common prefix, hybrid/recurrent lanes only when their
-//                recurrent state sits exactly there), the lane's attention KV plus a stored
-//                recurrent checkpoint, or a stored entry imported in full. Runs as a
-//                transaction: on any failure the lane is cleared, bad stored bytes are
+//                recurrent state sits exactly there), a peer lane, the lane's attention KV
+//                plus a stored recurrent checkpoint, or a stored entry imported in full. Runs
+//                as a transaction: on any failure the lane is cleared, bad stored bytes are
 //                quarantined, and the request prefills normally. Then the prefill chunks
 //                (plan.h's exactness rule) and, for hybrid/recurrent models, checkpoints:
-//                the recurrent state is exported exactly there (a small partial export).
-//   release      notes what can be hit and is not stored yet: message boundaries new in
-//                this request, the prompt end - 2 for requests without an end of turn,
-//                and the end of the turn (hybrid/recurrent: also the prompt end, where the
-//                next request restores when the client sends back a different reply). The lane
-//                keeps its state for the next request, so the export is deferred until that state
-//                is about to be replaced or the scheduler is idle; then the scheduler thread makes
-//                one copy of the lane state (llama.cpp's export) and paging, hashing, dedupe and
-//                insertion run on the record worker.
+//                the recurrent state is exported exactly there (a small partial export,
+//                when report() says the prefill reached one).
+//   plan_turn_end  after a chat reply: the lane back to an exact position, the rest of the
+//                turn in body chunks.
+//   finish       released: notes what can be hit and is not stored yet: message boundaries
+//                new in this request, the prompt end - 2 for requests without an end of
+//                turn, and the end of the turn (hybrid/recurrent: also the prompt end, where
+//                the next request restores when the client sends back a different reply).
+//                The lane keeps its state for the next request, so the export is deferred
+//                until that state is about to be replaced or the scheduler is idle; then the
+//                scheduler thread makes one copy of the lane state (llama.cpp's export) and
+//                paging, hashing, dedupe and insertion run on the record worker. Failed:
+//                the lane forgets everything.
+//
+// Files: prefix_cache_stage.cpp (construction, lane choice, plan, reports, end of turn),
+// prefix_cache_restore.cpp (restore and miss reasons), prefix_cache_peer.cpp (peer lanes,
+// waits and pauses), prefix_cache_records.cpp (release and deferred records),
+// prefix_cache_prefetch.cpp (disk and Redis promotion), prefix_cache_metrics.cpp.
 //
 // Thread safety: the StageBackend hooks run on the scheduler thread (which owns the
 // InferenceContext). The exact-state cache and the record queue have their own mutexes and
@@ -57,26 +66,18 @@ class PrefixCacheStage final : public StageBackend {
                      const runtime::ContextOptions& context, cache::PayloadKind payload);
     ~PrefixCacheStage() override;
 
-    void attach(runtime::InferenceContext& context, uint32_t n_lanes) override;
     SeqId choose_lane(std::span<const SeqId> idle, const PromptInfo& prompt) override;
     Plan plan(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
               int32_t max_chunk) override;
-    void checkpoint(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
-                    int32_t n_tokens) override;
-    void prompt_done(runtime::InferenceContext& context, SeqId lane,
-                     const PromptInfo& prompt) override;
-    Plan begin_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
-                        std::span<const Token> turn, int32_t max_chunk) override;
-    void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
-                 std::span<const Token> canonical, bool turn_end) override;
-    void discard(runtime::InferenceContext& context, SeqId lane) override;
-    void prefilled(SeqId lane, int32_t n_tokens) override;
+    Plan plan_turn_end(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                       std::span<const Token> turn, int32_t max_chunk) override;
+    void report(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                const LaneReport& what) override;
+    void finish(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                const LaneFinish& how) override;
     bool waits_for_peer(const PromptInfo& prompt,
                         std::span<const std::span<const Token>> starting) const override;
-    void clear_holds() override;
-    void hold_for_peer(const PromptInfo& prompt) override;
-    int32_t hold_point(SeqId lane) const override;
-    bool wants_turn_end(const PromptInfo& prompt) const override;
+    std::vector<int32_t> pauses(std::span<const PromptInfo> waiting) override;
     void prefetch(const PromptInfo& prompt) override;
     void set_busy(bool busy) override;
     bool has_idle_work() override;
@@ -152,7 +153,20 @@ class PrefixCacheStage final : public StageBackend {
     // thread: the scheduler thread applies it before it next picks a lane.
     void debug_forget_lanes();
 
+  protected:
+    void attached(runtime::InferenceContext& context, uint32_t n_lanes) override;
+
   private:
+    // The recurrent state at n_tokens of the lane's prefill, kept as a lane checkpoint
+    // (plan.checkpoints; hybrid/recurrent only).
+    void take_checkpoint(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                         int32_t n_tokens);
+    // The prompt is prefilled and its first token sampled (LaneReport::PromptDone).
+    void prompt_done(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt);
+    // finish(): the lane is free and keeps `canonical` (release), or forgets it (discard).
+    void release(runtime::InferenceContext& context, SeqId lane, const PromptInfo& prompt,
+                 std::span<const Token> canonical, bool turn_end);
+    void discard(runtime::InferenceContext& context, SeqId lane);
     // Miss reasons (prefix_cache_restore.cpp): the longest prefix of the prompt the tenant
     // has anywhere, and why nothing was restored.
     int32_t diverged_at(const PromptInfo& prompt, const cache::NamespaceId& ns) const;
@@ -186,6 +200,8 @@ class PrefixCacheStage final : public StageBackend {
         // a next request that shares the prefix imports only one of these.
         std::vector<Checkpoint> checkpoints;
         int32_t n_restored = 0;  // of the current request
+        // The current request's end of turn will be prefilled after its reply (Plan::turn_end).
+        bool turn_end_follows = false;
         // A checkpoint only for the end of this turn (not recorded): -1 if none.
         int32_t turn_start = -1;
         std::vector<int32_t> pending;  // positions to record, export deferred
@@ -197,10 +213,9 @@ class PrefixCacheStage final : public StageBackend {
         bool busy = false;
         std::vector<Token> prompt;
         int32_t prefilled = 0;
-        // The chunk ends of that prefill (its plan), and where it pauses for a request that
-        // copies its state there (hybrid/recurrent, prefix_cache_peer.cpp; -1: nowhere).
+        // The chunk ends of that prefill (its plan): where a request that waits for it may
+        // have it pause (hybrid/recurrent, prefix_cache_peer.cpp).
         std::vector<int32_t> chunk_ends;
-        int32_t hold = -1;
     };
     struct PeerMatch {
         SeqId lane = -1;
@@ -244,6 +259,9 @@ class PrefixCacheStage final : public StageBackend {
     // and whose state is exact for a prompt of n tokens with body end b (0: none).
     int32_t pause_point(const LaneState& lane, int32_t want, int32_t b, int32_t n) const;
     PeerPause best_pause(const cache::NamespaceId& ns, const PromptInfo& prompt) const;
+    // The pause a waiting request asks of a busy lane (pauses(); tokens 0: none): the same
+    // test as waits_for_recurrent_peer, so a lane is held only for a request that waits.
+    PeerPause pause_for(const PromptInfo& prompt) const;
     // What the request gets without waiting: an idle lane's match, or a stored entry within
     // `up_to` tokens (peeked only when the store's lock is free).
     int32_t available_now(const cache::NamespaceId& ns, const PromptInfo& prompt,
@@ -266,7 +284,6 @@ class PrefixCacheStage final : public StageBackend {
     cache::IdentityFields base_fields_;
     PayloadLayout layout_;
     size_t context_cells_per_lane_ = SIZE_MAX;  // set by attach(), read by prefetch()
-    ExactRule rule_;  // plan.h's exactness rule for this context's attention kernel
     // Attention KV of a prefix does not depend on what follows it: a dense entry serves every
     // prompt that shares a prefix with it (imported whole, then trimmed). Hybrid/recurrent
     // entries serve only where their recurrent state was taken.

@@ -18,8 +18,11 @@ std::optional<cache::PayloadKind> choose_payload(PayloadChoice choice, runtime::
         reason = "sliding-window attention: cached KV would not match the window, cache disabled";
         return std::nullopt;
     }
-    const int32_t min_chunk = min_chunk_tokens(
-        runtime::resolve_flash_attn(context.flash_attn, kind) == runtime::FlashAttn::On);
+    const int32_t min_chunk =
+        ExactRule::for_model(
+            runtime::resolve_flash_attn(context.flash_attn, kind) == runtime::FlashAttn::On,
+            kind != runtime::ModelKind::Dense)
+            .body_min;
     if (static_cast<int64_t>(std::min(context.n_batch, context.n_ubatch)) < 2 * min_chunk) {
         reason = "batches of " + std::to_string(std::min(context.n_batch, context.n_ubatch)) +
                  " tokens cannot keep every prefill chunk at the " + std::to_string(min_chunk) +

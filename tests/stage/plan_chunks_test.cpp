@@ -27,8 +27,19 @@ void expect_valid(int32_t begin, int32_t end, const std::vector<int32_t>& ends, 
 }
 
 TEST(PlanChunks, FlashAttentionChunksAreAtLeastOneTile) {
-    EXPECT_EQ(min_chunk_tokens(false), 2);
-    EXPECT_EQ(min_chunk_tokens(true), 64);
+    EXPECT_EQ(ExactRule::for_model(false, false).body_min, 2);
+    EXPECT_EQ(ExactRule::for_model(true, false).body_min, 64);
+    // Models with recurrent state: with flash attention every last message under a tile is
+    // the tail; without it there is no tail at all.
+    EXPECT_EQ(ExactRule::for_model(true, true).max_tail, 63);
+    EXPECT_EQ(ExactRule::for_model(false, true).max_tail, 16);
+    EXPECT_FALSE(ExactRule::for_model(false, true).has_tail());
+    // chunks(): plan_chunks with the rule's minimum and the prompt's body end.
+    const auto fa = ExactRule::for_model(true, false);
+    EXPECT_EQ(fa.chunks(0, 1050, std::vector<int32_t>{500, 1040}, 512),
+              plan_chunks(0, 1050, {}, 512, 64, 1040));
+    EXPECT_EQ(ExactRule::for_model(false, false).chunks(0, 540, std::vector<int32_t>{}, 512),
+              (std::vector<int32_t>{512, 540}));
     // 540 tokens in 512-token batches: not 512 + 28, but 476 + 64.
     EXPECT_EQ(plan_chunks(0, 540, {}, 512, 64), (std::vector<int32_t>{476, 540}));
     EXPECT_EQ(plan_chunks(0, 540, {}, 512, 2), (std::vector<int32_t>{512, 540}));
@@ -58,7 +69,7 @@ TEST(PlanChunks, RandomPlansKeepTheRule) {
 }
 
 TEST(PlanChunks, RestoresLeaveTheMinimumToPrefill) {
-    const auto off = ExactRule::for_flash_attn(false);
+    const auto off = ExactRule::for_model(false, false);
     EXPECT_EQ(off.body_end(100, std::vector<int32_t>{40}), 100);  // no tail
     EXPECT_EQ(off.restore_limit(100, 100), 98);
     EXPECT_EQ(off.restore_limit(2, 2), 0);
@@ -67,7 +78,7 @@ TEST(PlanChunks, RestoresLeaveTheMinimumToPrefill) {
 }
 
 TEST(PlanChunks, FlashAttentionBodyAndTail) {
-    const auto fa = ExactRule::for_flash_attn(true);
+    const auto fa = ExactRule::for_model(true, false);
     // No boundary (a completion): the last token alone is the tail.
     EXPECT_EQ(fa.body_end(1025, std::vector<int32_t>{}), 1024);
     EXPECT_EQ(fa.body_end(1024, std::vector<int32_t>{}), 1023);
@@ -105,7 +116,7 @@ TEST(PlanChunks, FlashAttentionBodyAndTail) {
 
 TEST(PlanChunks, RandomBodyAndTailPlansKeepTheRule) {
     std::mt19937 rng(9);
-    const auto fa = ExactRule::for_flash_attn(true);
+    const auto fa = ExactRule::for_model(true, false);
     for (int i = 0; i < 2000; ++i) {
         const int32_t n = std::uniform_int_distribution<int32_t>(1, 3000)(rng);
         std::vector<int32_t> bounds;

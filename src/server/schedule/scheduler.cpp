@@ -21,7 +21,7 @@ constexpr auto kFirstOutputHandoff = std::chrono::microseconds(3000);
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
-// What lane choice and waiting know of a queued request (no message boundaries yet).
+// What the stage knows of a request's prompt.
 stage::PromptInfo lookup_info(const GenerationRequest& request) {
     stage::PromptInfo info;
     info.tokens = std::span<const runtime::Token>(request.prompt);
@@ -29,6 +29,7 @@ stage::PromptInfo lookup_info(const GenerationRequest& request) {
     info.cache_namespace = request.cache_namespace;
     info.routing_key = request.routing_key;
     info.cache_enabled = request.cache_enabled;
+    info.renders_turn_end = static_cast<bool>(request.render_turn_end);
     return info;
 }
 }  // namespace
@@ -55,6 +56,7 @@ struct Scheduler::Slot {
     bool generating = false;
     bool post_turn = false;            // reply delivered; prefilling the end of the turn
     bool prompt_done_pending = false;  // prompt prefilled, stage not told yet
+    bool turn_end_follows = false;     // the plan asked for the end of the turn (Plan::turn_end)
     // Released after its reply; the end of the turn runs when the server is idle, unless
     // another request takes the lane first. `request` stays as it was until then.
     bool turn_end_deferred = false;
@@ -82,7 +84,7 @@ Scheduler::Scheduler(const runtime::Model& model, SchedulerOptions options,
     options_.context.n_seq_max = options_.lanes;
     context_ = std::make_unique<runtime::InferenceContext>(model_, options_.context);
     context_->warm_up();  // (before the stage looks at the lanes: they are empty again)
-    n_ctx_ = context_->n_ctx_seq();
+    n_ctx_ = context_->n_ctx_usable();
     stage_->attach(*context_, options_.lanes);
     for (uint32_t i = 0; i < options_.lanes; ++i) {
         auto slot = std::make_unique<Slot>();
@@ -260,21 +262,30 @@ void Scheduler::yield_post_turn() {
 }
 
 void Scheduler::hold_for_waiting() {
-    // Lanes pause where a waiting request will copy them (StageBackend::hold_for_peer), set
-    // again for every step; only while a lane is free for it, so no lane ever waits for a
-    // request that cannot start.
-    stage_->clear_holds();
+    // Lanes pause where a waiting request will copy them (StageBackend::pauses), asked again
+    // for every step; only while a lane is free for it, so no lane ever waits for a request
+    // that cannot start.
+    holds_.clear();
     if (lanes_busy_.load() == options_.lanes) {
         return;
     }
+    std::vector<stage::PromptInfo> waiting;
     std::lock_guard<std::mutex> lock(queue_mutex_);
     // (The head of the queue: those further back start after it, when holds are set again.)
     size_t left = 2 * static_cast<size_t>(options_.lanes);
     for (auto it = incoming_.begin(); it != incoming_.end() && left > 0; ++it, --left) {
         if (!it->stream->cancelled() && !continues_post_turn(it->request.prompt)) {
-            stage_->hold_for_peer(lookup_info(it->request));
+            waiting.push_back(lookup_info(it->request));
         }
     }
+    if (!waiting.empty()) {
+        holds_ = stage_->pauses(waiting);  // (the prompts live in incoming_: under the lock)
+    }
+}
+
+int32_t Scheduler::hold_at(runtime::SeqId lane) const {
+    const auto i = static_cast<size_t>(lane);
+    return i < holds_.size() ? holds_[i] : -1;
 }
 
 void Scheduler::admit_pending(std::deque<Pending>& pending) {
@@ -321,14 +332,7 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     lanes_busy_.fetch_add(1);
     const auto room = static_cast<int32_t>(n_ctx_ - prompt.size());
     slot.request.max_tokens = std::clamp(slot.request.max_tokens, 1, room);
-    slot.prompt_info = stage::PromptInfo{};
-    slot.prompt_info.tokens = std::span<const runtime::Token>(prompt);
-    slot.prompt_info.message_boundaries = slot.request.message_boundaries;
-    slot.prompt_info.cache_namespace = slot.request.cache_namespace;
-    slot.prompt_info.routing_key = slot.request.routing_key;
-    slot.prompt_info.cache_enabled = slot.request.cache_enabled;
-    slot.prompt_info.turn_end_follows =
-        static_cast<bool>(slot.request.render_turn_end) && stage_->wants_turn_end(slot.prompt_info);
+    slot.prompt_info = lookup_info(slot.request);
     slot.output.emplace(slot.request.stop);
     slot.unsent_tokens.clear();
     slot.turn.clear();
@@ -341,23 +345,18 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
     slot.next_checkpoint = 0;
     slot.prompt_done_pending = false;
     // A chunk is one llama.cpp ubatch: larger ones would be split inside llama_decode.
-    const auto max_chunk = static_cast<int32_t>(context_->n_ubatch());
-    const auto rule = stage::ExactRule::for_model(
-        context_->flash_attn(), context_->model().kind() != runtime::ModelKind::Dense);
+    const int32_t max_chunk = context_->max_prefill_chunk();
     const auto n_prompt = static_cast<int32_t>(prompt.size());
     auto cold_plan = [&] {
-        slot.plan = stage::Plan{};
+        slot.plan = stage_->full_prefill(slot.prompt_info, max_chunk);
         slot.plan.decision = stage::CacheDecision::Error;
-        slot.plan.chunk_ends =
-            stage::plan_chunks(0, n_prompt, {}, max_chunk, rule.body_min,
-                               rule.body_end(n_prompt, slot.prompt_info.message_boundaries));
     };
     const auto plan_started = Clock::now();
     try {
         slot.plan = stage_->plan(*context_, slot.lane, slot.prompt_info, max_chunk);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: restore failed, falling back to prefill: %s\n", e.what());
-        stage_->discard(*context_, slot.lane);
+        forget_lane(slot);
         cold_plan();
     }
     if (slot.plan.n_restored < 0 || slot.plan.n_restored >= n_prompt ||
@@ -365,9 +364,10 @@ bool Scheduler::start_slot(Slot& slot, Pending&& pending) {
         slot.plan.chunk_ends.empty() ||
         slot.plan.chunk_ends.back() != static_cast<int32_t>(prompt.size())) {
         // A plan that does not add up: start over from an empty lane.
-        stage_->discard(*context_, slot.lane);
+        forget_lane(slot);
         cold_plan();
     }
+    slot.turn_end_follows = slot.plan.turn_end && slot.prompt_info.renders_turn_end;
     slot.n_prefilled = slot.plan.n_restored;
     slot.stats.restore_ms = ms_between(plan_started, Clock::now());
     slot.stats.prompt_tokens = static_cast<int32_t>(prompt.size());
@@ -395,15 +395,27 @@ void Scheduler::send_progress(Slot& slot) {
 
 void Scheduler::release_slot(Slot& slot, size_t canonical, bool turn_end) {
     const auto& tokens = slot.tokens();
+    stage::LaneFinish how;
+    how.how = turn_end ? stage::LaneFinish::How::TurnEnd : stage::LaneFinish::How::Released;
+    how.canonical =
+        std::span<const runtime::Token>(tokens).first(std::min(canonical, tokens.size()));
     try {
-        stage_->release(
-            *context_, slot.lane, slot.prompt_info,
-            std::span<const runtime::Token>(tokens).first(std::min(canonical, tokens.size())),
-            turn_end);
+        stage_->finish(*context_, slot.lane, slot.prompt_info, how);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: record at release failed: %s\n", e.what());
     }
     free_slot(slot);
+}
+
+void Scheduler::forget_lane(Slot& slot) {
+    stage::LaneFinish how;
+    how.how = stage::LaneFinish::How::Failed;
+    try {
+        stage_->finish(*context_, slot.lane, slot.prompt_info, how);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: forgetting a lane failed: %s\n", e.what());
+        context_->seq_clear(slot.lane);
+    }
 }
 
 void Scheduler::free_slot(Slot& slot) {
@@ -422,7 +434,7 @@ void Scheduler::fail_slot(Slot& slot, int status, const std::string& type,
         slot.stream->fail(status, type, message);
     }
     failed_.fetch_add(1);
-    stage_->discard(*context_, slot.lane);
+    forget_lane(slot);
     free_slot(slot);
 }
 
@@ -444,7 +456,7 @@ void Scheduler::finish_slot(Slot& slot, const std::string& finish_reason) {
     slot.stream->finish(slot.stats, reply);
     slot.stream.reset();
     notify_prompt_done(slot);
-    const bool defer = slot.prompt_info.turn_end_follows && slot.request.render_turn_end;
+    const bool defer = slot.turn_end_follows;
     // The prompt was prefilled; the reply tokens after it were decoded.
     release_slot(slot, slot.request.prompt.size(), false);
     if (defer) {
@@ -498,7 +510,7 @@ bool Scheduler::continues_post_turn(const std::vector<runtime::Token>& prompt) c
 }
 
 bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
-    if (!slot.prompt_info.turn_end_follows || !slot.request.render_turn_end) {
+    if (!slot.turn_end_follows) {
         return false;
     }
     std::vector<runtime::Token> turn;
@@ -512,15 +524,15 @@ bool Scheduler::start_turn_end(Slot& slot, const std::string& reply) {
         !std::equal(prompt.begin(), prompt.end(), turn.begin())) {
         return false;
     }
-    stage::Plan plan = stage_->begin_turn_end(*context_, slot.lane, slot.prompt_info, turn,
-                                              static_cast<int32_t>(context_->n_ubatch()));
+    stage::Plan plan = stage_->plan_turn_end(*context_, slot.lane, slot.prompt_info, turn,
+                                             context_->max_prefill_chunk());
     if (plan.n_restored < 0) {
         return false;
     }
     if (plan.n_restored >= static_cast<int32_t>(turn.size()) || plan.chunk_ends.empty() ||
         plan.chunk_ends.back() != static_cast<int32_t>(turn.size()) ||
         context_->seq_pos_max(slot.lane) != plan.n_restored - 1) {
-        stage_->discard(*context_, slot.lane);  // a plan that does not add up
+        forget_lane(slot);  // a plan that does not add up
         return false;
     }
     slot.turn = std::move(turn);
@@ -577,7 +589,7 @@ void Scheduler::step() {
     for (auto& slot : slots_) {
         if (slot->active && !slot->post_turn && slot->stream->cancelled()) {
             cancelled_.fetch_add(1);
-            stage_->discard(*context_, slot->lane);
+            forget_lane(*slot);
             free_slot(*slot);
         }
     }
@@ -598,7 +610,7 @@ void Scheduler::step() {
     });
     auto budget = static_cast<int32_t>(context_->n_batch());
     for (Slot* slot : order) {
-        const int32_t hold = slot->post_turn ? -1 : stage_->hold_point(slot->lane);
+        const int32_t hold = slot->post_turn ? -1 : hold_at(slot->lane);
         while (slot->active && !slot->generating && budget > 0 &&
                slot->next_chunk < slot->plan.chunk_ends.size() && slot->n_prefilled != hold) {
             auto& ends = slot->plan.chunk_ends;
@@ -658,17 +670,12 @@ void Scheduler::prefill_chunk(Slot& slot) {
     const int32_t end = slot.plan.chunk_ends[slot.next_chunk];
     const auto n = static_cast<int32_t>(tokens.size());
     const bool last = end == n;
-    context_->batch_clear();
     int32_t logits_index = -1;
-    for (int32_t i = begin; i < end; ++i) {
-        const bool want = last && i == n - 1 && !slot.post_turn;
-        const int32_t index =
-            context_->batch_add(tokens[static_cast<size_t>(i)], i, slot.lane, want);
-        if (want) {
-            logits_index = index;
-        }
-    }
-    const int32_t rc = context_->decode();
+    const int32_t rc =
+        context_->prefill(slot.lane,
+                          std::span<const runtime::Token>(tokens).subspan(
+                              static_cast<size_t>(begin), static_cast<size_t>(end - begin)),
+                          begin, last && !slot.post_turn, &logits_index);
     if (rc != 0) {
         if (slot.post_turn) {
             release_slot(slot, static_cast<size_t>(begin), false);
@@ -681,20 +688,22 @@ void Scheduler::prefill_chunk(Slot& slot) {
     decode_calls_.fetch_add(1);
     slot.n_prefilled = end;
     ++slot.next_chunk;
-    if (!slot.post_turn) {
-        stage_->prefilled(slot.lane, end);
-        send_progress(slot);
-    }
+    stage::LaneReport report;
+    report.what = stage::LaneReport::What::ChunkDone;
+    report.n_tokens = end;
+    report.turn_end = slot.post_turn;
     while (slot.next_checkpoint < slot.plan.checkpoints.size() &&
            slot.plan.checkpoints[slot.next_checkpoint] <= end) {
-        if (slot.plan.checkpoints[slot.next_checkpoint] == end) {
-            try {
-                stage_->checkpoint(*context_, slot.lane, slot.prompt_info, end);
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "skippy: checkpoint failed: %s\n", e.what());
-            }
-        }
+        report.checkpoint = report.checkpoint || slot.plan.checkpoints[slot.next_checkpoint] == end;
         ++slot.next_checkpoint;
+    }
+    try {
+        stage_->report(*context_, slot.lane, slot.prompt_info, report);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "skippy: checkpoint failed: %s\n", e.what());
+    }
+    if (!slot.post_turn) {
+        send_progress(slot);
     }
     if (!last) {
         return;
@@ -716,8 +725,11 @@ void Scheduler::notify_prompt_done(Slot& slot) {
         return;
     }
     // The sampled token is not decoded yet: the lane is exactly at the prompt end.
+    stage::LaneReport report;
+    report.what = stage::LaneReport::What::PromptDone;
+    report.n_tokens = static_cast<int32_t>(slot.request.prompt.size());
     try {
-        stage_->prompt_done(*context_, slot.lane, slot.prompt_info);
+        stage_->report(*context_, slot.lane, slot.prompt_info, report);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "skippy: prompt-end checkpoint failed: %s\n", e.what());
     }

@@ -121,6 +121,8 @@ class Scheduler {
     void finish_slot(Slot& slot, const std::string& finish_reason);
     void fail_slot(Slot& slot, int status, const std::string& type, const std::string& message);
     void free_slot(Slot& slot);  // the slot's bookkeeping; the lane's state is the stage's
+    // The request failed or its plan did not add up: the stage forgets the lane's state.
+    void forget_lane(Slot& slot);
     void sample_slot(Slot& slot, int32_t batch_index);
     bool start_turn_end(Slot& slot, const std::string& reply);
     // Runs one deferred end of turn (the server is idle); false when there is none.
@@ -129,8 +131,9 @@ class Scheduler {
     bool continues_post_turn(const std::vector<runtime::Token>& prompt) const;
     // The stage would rather have the request wait for a busy lane's prefill (its prefix),
     // or for one of the requests starting in this step.
-    // Before a step: pauses of busy lanes for the requests that wait to copy them.
+    // Before a step: pauses of busy lanes for the requests that wait to copy them (holds_).
     void hold_for_waiting();
+    int32_t hold_at(runtime::SeqId lane) const;  // -1: the lane does not pause in this step
     bool waits_for_peer(const GenerationRequest& request,
                         const std::deque<Pending>& starting) const;
     // Ends turn-end work that holds a lane a waiting request needs.
@@ -145,6 +148,7 @@ class Scheduler {
     std::unique_ptr<runtime::InferenceContext> context_;
     uint32_t n_ctx_ = 0;
     std::vector<std::unique_ptr<Slot>> slots_;
+    std::vector<int32_t> holds_;  // scheduler thread: this step's pauses, by lane
 
     mutable std::mutex queue_mutex_;
     std::condition_variable queue_cv_;
