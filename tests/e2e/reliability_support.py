@@ -1,4 +1,5 @@
-"""What the reliability tests share (test_reliability.py, test_overload_faults.py): raw HTTP on
+"""What the reliability tests share (test_reliability.py, test_overload_faults.py,
+test_hostile_http.py, test_http_fuzz.py): raw HTTP on
 a fresh loopback connection, and the checks of an OpenAI-style error body."""
 import json
 import socket

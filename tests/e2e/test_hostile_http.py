@@ -15,7 +15,7 @@ import time
 import unittest
 
 import skippy_harness as h
-from test_reliability import raw_http, recv_until, rss_kib
+from reliability_support import raw_http, recv_until, rss_kib
 
 
 def raise_fd_limit(wanted):

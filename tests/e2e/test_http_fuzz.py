@@ -16,7 +16,7 @@ import time
 import unittest
 
 import skippy_harness as h
-from test_reliability import raw_http
+from reliability_support import raw_http
 
 CASES = int(os.environ.get("SKIPPY_HTTP_FUZZ_CASES", "400"))
 SECONDS = float(os.environ.get("SKIPPY_HTTP_FUZZ_SECONDS", "90"))
