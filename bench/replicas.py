@@ -36,6 +36,7 @@ import os
 import random
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -91,12 +92,21 @@ class Redis:
             ["redis-server", "--port", "0", "--unixsocket", self.sock, "--save", "",
              "--appendonly", "no", "--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru",
              "--dir", folder], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Ready once it accepts a connection: the socket file appears before listen().
         deadline = time.time() + 20
-        while not os.path.exists(self.sock):
+        while not self._accepts():
             if time.time() > deadline or self.proc.poll() is not None:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.05)
         self.url = f"unix://{self.sock}"
+
+    def _accepts(self):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(self.sock)
+            return True
+        except OSError:
+            return False
 
     def info_memory(self):
         out = subprocess.run(["redis-cli", "-s", self.sock, "info", "memory"],

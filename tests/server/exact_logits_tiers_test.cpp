@@ -1,5 +1,7 @@
 // ExactLogitsTest through the slower tiers (exact_logits_fixture.h): an entry restored from
 // the disk tier, and from the shared Redis tier by another replica, gives the cold logits.
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,7 +78,9 @@ class TestRedis {
                     static_cast<char*>(nullptr));
             ::_exit(127);
         }
-        for (int i = 0; i < 500 && !std::filesystem::exists(sock_); ++i) {
+        // Ready once a connection is accepted: the socket file appears at bind(), before
+        // listen(), and a connect in between is refused.
+        for (int i = 0; i < 1000 && !accepts(); ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
     }
@@ -87,10 +91,23 @@ class TestRedis {
         }
         std::filesystem::remove_all(dir_);
     }
-    bool running() const { return pid_ > 0 && std::filesystem::exists(sock_); }
+    bool running() const { return pid_ > 0 && accepts(); }
     std::string url() const { return "unix://" + sock_; }
 
   private:
+    bool accepts() const {
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        if (fd < 0) {
+            return false;
+        }
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", sock_.c_str());
+        const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+        ::close(fd);
+        return ok;
+    }
+
     std::filesystem::path dir_;
     std::string sock_;
     pid_t pid_ = -1;
