@@ -156,7 +156,7 @@ PROFILES = {
         "concurrency": {"clients": 4, "requests_per_client": 2, "lanes": 4, "lane_ctx": 2048,
                         "shared_prefix_tokens": 512, "suffix_tokens": [32, 96],
                         "unique_tokens": [128, 320], "max_tokens": 16, "deadline_s": 900},
-        "cold": {"prompts": 3, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
+        "cold": {"prompts": 6, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
         "restart": {"prefix_tokens": 2048, "reps": 2, "lane_ctx": 4096, "deadline_s": 900},
         # One round, as in the full profile (4 variants; the cold first visits dominate).
         # skippy's budget floor (8.8 lane captures) makes the working set only ~2x the
