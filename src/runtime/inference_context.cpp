@@ -208,7 +208,12 @@ int32_t InferenceContext::prefill(SeqId seq, std::span<const Token> tokens, Pos 
                 *logits_index = index;
             }
         }
-        const int32_t pad = g > 1 ? padded(end - at) - (end - at) : 0;
+        // A one-row chunk stays one row (the decode kernel, gemv): the exactness rule puts a
+        // row alone only where every path prefills it alone (a completion's last token after
+        // its body end, plan.h), and padding it would cost a whole row group's compute on
+        // every warm hit that prefills just that token.
+        const int32_t rows = end - at;
+        const int32_t pad = g > 1 && rows > 1 ? padded(rows) - rows : 0;
         for (int32_t k = 0; k < pad; ++k) {
             batch_add(tokens[static_cast<size_t>(end - 1)], begin + end + k, seq, false);
         }
