@@ -358,7 +358,8 @@ def main(argv):
             mres["workloads"][w.name] = {"title": w.title, "config": w.cfg, "runs": runs,
                                          "commands": commands,
                                          "summary": w.summarize(runs),
-                                         "output_check": runner.compare_outputs(runs)}
+                                         "output_check": runner.compare_outputs(
+                                             runs, w.concurrent_decode)}
             results["meta"]["server_commands"].setdefault(w.name, commands)
             mres["params"] = mres["params"] or param_count(runs)
             note = skippy_note(runs)

@@ -144,7 +144,14 @@ def markdown(results, plots):
                "prompt of that conversation. In the `defaults` mode the servers do not "
                "compute alike (llama-server's flash attention is auto, i.e. on for these "
                "models; batch sizes differ), so random weights' near-tied greedy tokens can "
-               "differ between them; skippy-internal must be 0 in every mode.\n")
+               "differ between them; skippy-internal must be 0 in every mode. "
+               "skippy-decode-batch (concurrency only): skippy's replies to the same prompt "
+               "differ between runs after a first token they agree on: requests generating "
+               "at once share decode batches, and with repacked weights (Q4_K, Q4_0, "
+               "IQ4_NL) a batch of 4 or more rows takes llama.cpp's gemm kernel instead of "
+               "gemv, so later tokens depend on how many others were generating (llama-server "
+               "alike: llama-internal). The first token comes from the prompt's prefill, "
+               "which the cache restores, and agrees.\n")
 
     out.append("## Overview (all workloads)\n")
     out.append("Family table rows use warm hits only. gen tok/s is per request "

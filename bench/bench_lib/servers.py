@@ -318,6 +318,7 @@ class Timed:
     ttft_ms: float = None        # first chunk carrying generated text
     e2e_ms: float = None         # [DONE] / end of stream
     text: str = ""
+    first_text: str = ""         # the first chunk's generated text (the prompt's first token)
     prompt_tokens: int = None
     completion_tokens: int = None
     cached_tokens: int = None    # usage.prompt_tokens_details.cached_tokens
@@ -388,6 +389,7 @@ def stream_request(port, path, body, timeout):
                 if piece:
                     if out.ttft_ms is None:
                         out.ttft_ms = (time.perf_counter() - start) * 1000.0
+                        out.first_text = piece
                     pieces.append(piece)
             _read_stats(chunk, out)
             if chunk.get("stop") is True and "choices" not in chunk:

@@ -183,6 +183,7 @@ def mismatches(results):
     return {"total": total, "kinds": kinds,
             "skippy_vs_llama": kinds.get("skippy-vs-llama", 0),
             "skippy_internal": kinds.get("skippy-internal", 0),
+            "skippy_decode_batch": kinds.get("skippy-decode-batch", 0),
             "by_workload": by}
 
 

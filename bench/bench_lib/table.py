@@ -154,7 +154,10 @@ def describe_run(results):
         f"Ratios skippy / llama-server of the median TTFT (**bold** = skippy faster; for "
         f"tokens/s above 1.00 is faster), medians in parentheses. Output mismatches: "
         f"{mm.get('skippy_vs_llama', 0)} between the servers, {mm.get('skippy_internal', 0)} "
-        f"between skippy's runs and cache modes ({mm.get('total', 0)} prompts in all).",
+        f"between skippy's runs and cache modes"
+        + (f", {mm['skippy_decode_batch']} between skippy's runs after an equal first token "
+           f"(concurrent decode batches, latest.md)" if mm.get("skippy_decode_batch") else "")
+        + f" ({mm.get('total', 0)} prompts in all).",
     ]
     hits = hit_rate_line(summary)
     return lines + ([hits] if hits else [])

@@ -105,6 +105,7 @@ class Workload:
     """ctx_size is the KV cells of one lane: servers are started with lanes x ctx_size."""
     name = ""
     title = ""
+    concurrent_decode = False  # requests generate at once (runner.compare_outputs)
 
     def __init__(self, cfg, ctx_size):
         self.cfg = cfg
@@ -464,6 +465,7 @@ class Concurrency(Workload):
     half share one of two long prefixes (different suffixes), half are unique."""
     name = "concurrency"
     title = "Concurrency: concurrent clients, mixed shared-prefix and unique prompts"
+    concurrent_decode = True
 
     def __init__(self, cfg, ctx_size):
         super().__init__(cfg, ctx_size)
