@@ -50,8 +50,9 @@ def row_label(key, meta):
         return "restart: first request after the restart / skippy's cold prefill"
     if key in ("larger_than_ram", "larger_than_ram_vs_llama", "larger_than_ram_vs_llama_equal"):
         c = _cfg(meta, "larger_than_ram")
-        what = (f"larger than RAM: {c['conversations']} conversations, working set "
-                f"~{c['ram_ratio']}x the RAM budget, revisits" if c else "larger than RAM")
+        what = (f"larger than RAM: {c['conversations']} conversations, sized for a working "
+                f"set ~{c['ram_ratio']}x the RAM budget (the measured ratio: latest.md, "
+                f"section 7), revisits" if c else "larger than RAM")
         return what + {"larger_than_ram": ": disk tier / RAM only",
                        "larger_than_ram_vs_llama": " vs llama-server",
                        "larger_than_ram_vs_llama_equal": " vs llama-server with --cache-ram "
