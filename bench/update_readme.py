@@ -121,8 +121,8 @@ REALISTIC_END = "<!-- realistic-table:end -->"
 def supersede(runs):
     """Each (model, workload) only from the newest run that has it: an older run's rows for
     it are dropped (its summary rebuilt without them) and named under its table. Returns
-    [(path, results, [superseded "model/workload"], newer path)]; a run with nothing left
-    is left out."""
+    [(path, results, [("model/workload", newer run's path), ...])] in the given order; a run
+    with nothing left is left out."""
     newest_first = sorted(runs, key=lambda r: r[1].get("meta", {}).get("started") or "",
                           reverse=True)
     owner, kept = {}, {}

@@ -94,8 +94,9 @@ class InferenceContext {
     // flash attention's 64-row tile into the tiled kernel (both halves stay row by row).
     // With a row group > 1, each batch of two or more rows gets throw-away rows after the
     // chunk (positions past it, removed again), so every row of the chunk takes the same
-    // kernels wherever the chunk starts and ends; a one-row chunk is decoded as it is. Returns decode()'s code (on failure nothing of the chunk stays
-    // in the cache); `logits_index`: the last token's batch index when want_last_logits.
+    // kernels wherever the chunk starts and ends; a one-row chunk is decoded as it is.
+    // Returns decode()'s code (on failure nothing of the chunk stays in the cache);
+    // `logits_index`: the last token's batch index when want_last_logits.
     int32_t prefill(SeqId seq, std::span<const Token> tokens, Pos begin, bool want_last_logits,
                     int32_t* logits_index = nullptr);
 
