@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -16,14 +14,13 @@
 #include <thread>
 
 #include "disk_test_util.h"
+#include "redis_server.h"
 
 namespace skippy::cache {
 namespace {
 
 using namespace test;
 using Clock = std::chrono::steady_clock;
-
-constexpr const char* kRedisServer = "/usr/bin/redis-server";
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -32,50 +29,18 @@ double seconds_since(Clock::time_point t0) {
 class RedisStoreTest : public ::testing::Test {
   protected:
     void SetUp() override {
-        if (::access(kRedisServer, X_OK) != 0) {
+        if (!skippy::testing::RedisServer::installed()) {
             GTEST_SKIP() << "redis-server is not installed";
         }
         // As skippy serve does: a write to a connection Redis closed fails, not kills.
         std::signal(SIGPIPE, SIG_IGN);
-        sock_ = tmp_.sub("r.sock");
+        sock_ = redis_.socket();
         start_server();
     }
     void TearDown() override { stop_server(); }
 
-    void start_server() {
-        pid_ = ::fork();
-        if (pid_ == 0) {
-            const std::string log = tmp_.sub("redis.log");
-            FILE* f = std::freopen(log.c_str(), "a", stdout);
-            (void)f;
-            ::dup2(STDOUT_FILENO, STDERR_FILENO);
-            ::execl(kRedisServer, kRedisServer, "--port", "0", "--unixsocket", sock_.c_str(),
-                    "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir",
-                    tmp_.path().c_str(), "--daemonize", "no", static_cast<char*>(nullptr));
-            ::_exit(127);
-        }
-        ASSERT_GT(pid_, 0);
-        const auto t0 = Clock::now();
-        while (seconds_since(t0) < 10) {
-            if (redisContext* c = redisConnectUnix(sock_.c_str()); c != nullptr) {
-                const bool ok = c->err == 0;
-                redisFree(c);
-                if (ok) {
-                    return;
-                }
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        FAIL() << "redis-server did not start";
-    }
-    void stop_server(int sig = SIGKILL) {
-        if (pid_ > 0) {
-            ::kill(pid_, sig);
-            ::waitpid(pid_, nullptr, 0);
-            pid_ = -1;
-            ::unlink(sock_.c_str());
-        }
-    }
+    void start_server() { ASSERT_TRUE(redis_.start()) << redis_.error(); }
+    void stop_server() { redis_.stop(); }
     // One command on a fresh connection (the test's own redis-cli).
     std::string cli(std::vector<std::string> args) {
         redisContext* c = redisConnectUnix(sock_.c_str());
@@ -137,9 +102,8 @@ class RedisStoreTest : public ::testing::Test {
         return man ? s.block_key(man->blocks.front().key.hash) : std::string();
     }
 
-    TempDir tmp_;
+    skippy::testing::RedisServer redis_;
     std::string sock_;
-    pid_t pid_ = -1;
     std::mutex log_mu_;
     std::vector<std::string> logs_;
 };
@@ -373,7 +337,7 @@ TEST_F(RedisStoreTest, StoppedRedisTimesOut) {
     ASSERT_EQ(submit(*store, ns, p), RedisSubmit::Queued);
     store->flush();
     ASSERT_TRUE(store->lookup(ns, p.tokens, p.tokens.size()));
-    ::kill(pid_, SIGSTOP);  // hangs: connections open, no replies
+    redis_.signal(SIGSTOP);  // hangs: connections open, no replies
     auto t0 = Clock::now();
     EXPECT_FALSE(store->lookup(ns, p.tokens, p.tokens.size()));
     EXPECT_LT(seconds_since(t0), 0.1 + 0.15);
@@ -381,7 +345,7 @@ TEST_F(RedisStoreTest, StoppedRedisTimesOut) {
     EXPECT_EQ(store->read(ns, p.tokens).error, RedisReadError::Down);  // at once while down
     EXPECT_LT(seconds_since(t0), 0.05);
     EXPECT_GE(store->stats().errors[static_cast<size_t>(RedisErrorKind::Timeout)], 1u);
-    ::kill(pid_, SIGCONT);
+    redis_.signal(SIGCONT);
     std::this_thread::sleep_for(std::chrono::milliseconds(350));
     EXPECT_TRUE(store->lookup(ns, p.tokens, p.tokens.size()));
 }
