@@ -159,12 +159,14 @@ PROFILES = {
         "cold": {"prompts": 6, "prompt_tokens": 512, "max_tokens": 8, "deadline_s": 900},
         "restart": {"prefix_tokens": 2048, "reps": 2, "lane_ctx": 4096, "deadline_s": 900},
         # One round, as in the full profile (4 variants; the cold first visits dominate).
-        # skippy's budget floor (8.8 lane captures) makes the working set only ~2x the
-        # budget with 16 conversations, not ram_ratio.
-        "larger_than_ram": {"conversations": 16, "prefix_tokens": 256, "turn_tokens": [32, 64],
-                            "revisits": 16, "max_visits": 4, "zipf_s": 0.6, "ram_ratio": 10,
+        # skippy's budget never falls below 8.8 lane captures (its capture queue's share),
+        # so a ~10x working set needs ~10 x 8.8 conversations of about the largest capture's
+        # size: 96 conversations revisited at most once (max_visits 2 keeps the largest
+        # capture near the average), 64 revisits. ~35 min for the 4 variants.
+        "larger_than_ram": {"conversations": 96, "prefix_tokens": 192, "turn_tokens": [32, 64],
+                            "revisits": 64, "max_visits": 2, "zipf_s": 0.6, "ram_ratio": 10,
                             "max_tokens": 4, "lane_ctx": 2048, "rounds": 1,
-                            "deadline_s": 1200},
+                            "deadline_s": 2400},
     },
 }
 
