@@ -147,11 +147,12 @@ def markdown(results, plots):
                "differ between them; skippy-internal must be 0 in every mode. "
                "skippy-decode-batch (concurrency only): skippy's replies to the same prompt "
                "differ between runs after a first token they agree on: requests generating "
-               "at once share decode batches, and with repacked weights (Q4_K, Q4_0, "
-               "IQ4_NL) a batch of 4 or more rows takes llama.cpp's gemm kernel instead of "
-               "gemv, so later tokens depend on how many others were generating (llama-server "
-               "alike: llama-internal). The first token comes from the prompt's prefill, "
-               "which the cache restores, and agrees.\n")
+               "at once share decode batches, and a batch's row count picks the matmul "
+               "kernel (repacked Q4_K, Q4_0, IQ4_NL: gemm from 4 rows instead of gemv; "
+               "Q8_0: llamafile's sgemm from 2 rows instead of one row's dot products), so "
+               "later tokens depend on how many others were generating (llama-server alike: "
+               "llama-internal). The first token comes from the prompt's prefill, which the "
+               "cache restores, and agrees.\n")
 
     out.append("## Overview (all workloads)\n")
     out.append("Family table rows use warm hits only. gen tok/s is per request "
