@@ -34,7 +34,6 @@ class RedisStoreTest : public ::testing::Test {
         }
         // As skippy serve does: a write to a connection Redis closed fails, not kills.
         std::signal(SIGPIPE, SIG_IGN);
-        sock_ = redis_.socket();
         start_server();
     }
     void TearDown() override { stop_server(); }
@@ -43,7 +42,7 @@ class RedisStoreTest : public ::testing::Test {
     void stop_server() { redis_.stop(); }
     // One command on a fresh connection (the test's own redis-cli).
     std::string cli(std::vector<std::string> args) {
-        redisContext* c = redisConnectUnix(sock_.c_str());
+        redisContext* c = redisConnectUnix(redis_.socket().c_str());
         EXPECT_TRUE(c != nullptr && c->err == 0);
         std::vector<const char*> argv;
         std::vector<size_t> lens;
@@ -70,7 +69,7 @@ class RedisStoreTest : public ::testing::Test {
     }
     std::unique_ptr<RedisStore> open(RedisStoreOptions o = {}) {
         if (o.url.empty()) {
-            o.url = "unix://" + sock_;
+            o.url = redis_.url();
         }
         o.timeout = std::chrono::milliseconds(100);
         if (o.backoff == std::chrono::milliseconds(2000)) {
@@ -103,7 +102,6 @@ class RedisStoreTest : public ::testing::Test {
     }
 
     skippy::testing::RedisServer redis_;
-    std::string sock_;
     std::mutex log_mu_;
     std::vector<std::string> logs_;
 };
@@ -563,7 +561,7 @@ TEST(RedisUrl, Parses) {
 TEST_F(RedisStoreTest, AuthAndSelect) {
     ASSERT_EQ(cli({"CONFIG", "SET", "requirepass", "pw"}), "OK");
     RedisStoreOptions o;
-    o.url = "unix://" + sock_ + "?db=2&password=pw";
+    o.url = redis_.url() + "?db=2&password=pw";
     auto store = open(o);
     const NamespaceId ns = test_namespace();
     const PrefixPayload p = prefix_payload(ns, 40, 200);
@@ -572,7 +570,7 @@ TEST_F(RedisStoreTest, AuthAndSelect) {
     EXPECT_EQ(store->stats().writes, 1u);
     EXPECT_TRUE(store->read(ns, p.tokens).ok());
     RedisStoreOptions bad;
-    bad.url = "unix://" + sock_ + "?password=wrong";
+    bad.url = redis_.url() + "?password=wrong";
     auto other = open(bad);
     EXPECT_FALSE(other->up());
     EXPECT_FALSE(other->lookup(ns, p.tokens, p.tokens.size()));

@@ -73,9 +73,9 @@ bool RedisServer::start(std::chrono::milliseconds timeout) {
     return false;
 }
 
-void RedisServer::stop(int sig) {
+void RedisServer::stop() {
     if (pid_ > 0) {
-        ::kill(pid_, sig);
+        ::kill(pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
         pid_ = -1;
         ::unlink(socket_.c_str());

@@ -17,7 +17,6 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <csignal>
 #include <string>
 
 namespace skippy::testing {
@@ -35,14 +34,13 @@ class RedisServer {
     // Starts redis-server (its output appended to redis.log in the folder) and waits until
     // it accepts a connection. False, with error(), if it does not within `timeout`.
     bool start(std::chrono::milliseconds timeout = std::chrono::seconds(10));
-    // Sends `sig` (SIGKILL by default) and reaps the process; removes the socket file.
-    void stop(int sig = SIGKILL);
+    // Kills the server (SIGKILL), reaps it and removes the socket file.
+    void stop();
     // Sends `sig` to the running server (SIGSTOP / SIGCONT).
     void signal(int sig) const;
     // Whether a connection to the socket is accepted now.
     bool accepts() const;
 
-    const std::string& folder() const { return folder_; }
     const std::string& socket() const { return socket_; }
     std::string url() const { return "unix://" + socket_; }
     const std::string& error() const { return error_; }
