@@ -21,6 +21,14 @@ keys (readers must ignore keys they do not know).
         skippy: ram_bytes_per_token_physical / _logical, disk_bytes_per_token}
     summary.warm_path.<family>.<workload>.<tier> -> warm_path.decompose's row
     summary.memcpy                                -> {gb_per_s, bytes, reps, method}
+    summary.paired.<family>.<key>                 -> {ratio, n, lo, hi}
+
+paired (family warm hits, chat, multisession, agent, agent_edits): the median over requests of skippy's TTFT /
+llama-server's TTFT for the same request (same round and key, same prompt length), lo / hi
+the smallest and largest of those ratios. The headline ratio compares the medians of all
+requests, which in an agent run are turns of different lengths: one slow turn moves the
+median from one turn's length to another's, while the paired ratio asks how each request
+compared.
 
 The family key is the model's `column` (results.models.<name>.column, config.COLUMN: the
 realistic profile's llama-q8 is "dense-q8"), else its family; a second model of one family
@@ -78,6 +86,47 @@ def _headline(name, workload):
     if name == "concurrency":
         return {v: g["all"] for v, g in s.get("by_group", {}).items() if "all" in g}
     return _by_variant(workload)
+
+
+PAIRED = ("chat", "multisession", "agent", "agent_edits")
+
+
+def paired_ratio(workload, keep=lambda r: True, num="skippy", den="llama-server"):
+    """{ratio, n, lo, hi}: num's TTFT / den's of the same request (round, key, prompt length)
+    over the requests both timed, ratio = their median; None when no request pairs."""
+    timed = {}
+    for run in workload.get("runs", []):
+        for r in run.get("records", []):
+            if r.get("ok") and r.get("ttft_ms") and keep(r):
+                timed[(run["variant"], run.get("round"), r.get("key"))] = r
+    ratios = []
+    for (variant, rnd, key), a in timed.items():
+        b = timed.get((den, rnd, key))
+        if variant == num and b and a.get("prompt_tokens") == b.get("prompt_tokens"):
+            ratios.append(a["ttft_ms"] / b["ttft_ms"])
+    if not ratios:
+        return None
+    return {"ratio": stats.median(ratios), "n": len(ratios), "lo": min(ratios),
+            "hi": max(ratios)}
+
+
+def model_paired(model):
+    """{key: paired_ratio} of the model's request-for-request workloads (family: its warm
+    hits per prefix, keyed like the ratios)."""
+    out = {}
+    for name, w in model.get("workloads", {}).items():
+        if name == "family":
+            for p in (w.get("summary") or {}).get("prefixes", []):
+                pair = paired_ratio(w, lambda r, g=f"{p}/warm": r.get("group") == g)
+                if pair:
+                    out[f"family_{p}"] = pair
+        if name in PAIRED:
+            keep = (lambda r: (r.get("turn") or 0) >= 2) if name == "multisession" else (
+                lambda r: True)
+            p = paired_ratio(w, keep)
+            if p:
+                out[name] = p
+    return out
 
 
 def _entry(num_s, den_s, field="ttft_p50_ms", num_label="skippy", den_label="llama-server",
@@ -212,7 +261,7 @@ def _git_from_meta(meta):
 
 def build(results):
     meta = results.get("meta", {})
-    ratios, medians, cached, models, hits, mem, warm = {}, {}, {}, {}, {}, {}, {}
+    ratios, medians, cached, models, hits, mem, warm, paired = {}, {}, {}, {}, {}, {}, {}, {}
     for mname, m in results.get("models", {}).items():
         fam = m.get("column") or m.get("family") or mname
         if fam in models:
@@ -224,6 +273,8 @@ def build(results):
             mem[fam] = memory.model_memory(m)
         if warm_path.model_warm_path(m):
             warm[fam] = warm_path.model_warm_path(m)
+        if model_paired(m):
+            paired[fam] = model_paired(m)
         for key, (ratio, med, cach) in model_entries(m).items():
             ratios.setdefault(fam, {})[key] = ratio
             medians.setdefault(fam, {})[key] = med
@@ -236,6 +287,7 @@ def build(results):
         "hit_rates": hits,
         "memory": mem,
         "warm_path": warm,
+        "paired": paired,
         "memcpy": meta.get("memcpy"),
         "models": models,
         "mismatches": mismatches(results),

@@ -96,6 +96,9 @@ def cell(summary, fam, key, markdown=True, medians=True):
     if medians and med.get("num") is not None and med.get("den") is not None:
         unit = med.get("unit", "ms")
         text += f" ({_num(med['num'], unit)} vs {_num(med['den'], unit)} {unit})"
+    pair = summary.get("paired", {}).get(fam, {}).get(key)
+    if medians and pair:
+        text += f"; paired {pair['ratio']:.2f} ({pair['lo']:.2f}–{pair['hi']:.2f})"
     return text
 
 
@@ -153,7 +156,11 @@ def describe_run(results):
         f"llama-server mode `{mode}`: {how}; {paced}.",
         f"Command: `{summary.get('command')}`.",
         f"Ratios skippy / llama-server of the median TTFT (**bold** = skippy faster; for "
-        f"tokens/s above 1.00 is faster), medians in parentheses. Output mismatches: "
+        f"tokens/s above 1.00 is faster), medians in parentheses"
+        + ("; paired: the median of the per-request ratios, each request against the same "
+           "request to llama-server (same round and prompt), smallest–largest in parentheses"
+           if summary.get("paired") else "")
+        + f". Output mismatches: "
         f"{mm.get('skippy_vs_llama', 0)} between the servers, {mm.get('skippy_internal', 0)} "
         f"between skippy's runs and cache modes"
         + (f", {mm['skippy_decode_batch']} between skippy's runs after an equal first token "
