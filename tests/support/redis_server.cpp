@@ -9,9 +9,27 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace skippy::testing {
+
+namespace {
+
+// The last `max` bytes of the server's log, for an error that outlives the temp folder.
+std::string log_tail(const std::string& path, size_t max = 2000) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    std::string all = text.str();
+    if (all.size() > max) {
+        all = "..." + all.substr(all.size() - max);
+    }
+    return all.empty() ? "(empty log)" : all;
+}
+
+}  // namespace
 
 bool RedisServer::installed() { return ::access(kBinary, X_OK) == 0; }
 
@@ -63,13 +81,13 @@ bool RedisServer::start(std::chrono::milliseconds timeout) {
         }
         if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {  // it exited (a bad flag, a busy path)
             pid_ = -1;
-            error_ = "redis-server exited at start (see " + log + ")";
+            error_ = "redis-server exited at start; its log: " + log_tail(log);
             return false;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     stop();
-    error_ = "redis-server did not accept a connection in time (see " + log + ")";
+    error_ = "redis-server did not accept a connection in time; its log: " + log_tail(log);
     return false;
 }
 

@@ -32,7 +32,8 @@ class RedisServer {
     RedisServer& operator=(const RedisServer&) = delete;
 
     // Starts redis-server (its output appended to redis.log in the folder) and waits until
-    // it accepts a connection. False, with error(), if it does not within `timeout`.
+    // it accepts a connection. False, with error() (the log's tail included: the folder goes
+    // with the helper), if it does not within `timeout`.
     bool start(std::chrono::milliseconds timeout = std::chrono::seconds(10));
     // Kills the server (SIGKILL), reaps it and removes the socket file.
     void stop();
