@@ -23,12 +23,12 @@ keys (readers must ignore keys they do not know).
     summary.memcpy                                -> {gb_per_s, bytes, reps, method}
     summary.paired.<family>.<key>                 -> {ratio, n, lo, hi}
 
-paired (family warm hits, chat, multisession, agent, agent_edits): the median over requests of skippy's TTFT /
-llama-server's TTFT for the same request (same round and key, same prompt length), lo / hi
-the smallest and largest of those ratios. The headline ratio compares the medians of all
-requests, which in an agent run are turns of different lengths: one slow turn moves the
-median from one turn's length to another's, while the paired ratio asks how each request
-compared.
+paired (family warm hits, chat, multisession, agent, agent_edits): the median over requests
+of skippy's TTFT / llama-server's TTFT for the same request (same round and key, same prompt
+length), lo / hi the smallest and largest of those ratios. The headline ratio compares the
+medians of all requests, which in an agent run are turns of different lengths: one slow turn
+moves the median from one turn's length to another's, while the paired ratio asks how each
+request compared.
 
 The family key is the model's `column` (results.models.<name>.column, config.COLUMN: the
 realistic profile's llama-q8 is "dense-q8"), else its family; a second model of one family
@@ -273,8 +273,9 @@ def build(results):
             mem[fam] = memory.model_memory(m)
         if warm_path.model_warm_path(m):
             warm[fam] = warm_path.model_warm_path(m)
-        if model_paired(m):
-            paired[fam] = model_paired(m)
+        pairs = model_paired(m)
+        if pairs:
+            paired[fam] = pairs
         for key, (ratio, med, cach) in model_entries(m).items():
             ratios.setdefault(fam, {})[key] = ratio
             medians.setdefault(fam, {})[key] = med
