@@ -8,6 +8,7 @@ import os, sys, time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from bench_lib import workloads, servers, config  # noqa: F401 (workloads first: import order)
+from bench_lib.runner import proc_memory
 from bench_lib.larger_than_ram import LargerThanRam
 from bench_lib.workloads import Client, Deadline
 model = sys.argv[1]
@@ -26,9 +27,9 @@ t0 = time.time(); hits = 0; ttft = []
 for conv, v in w.plan:
     r = c.completion(w.prompt(conv, v), 4)
     if v: ttft.append(r.ttft_ms); hits += (r.cached_tokens or 0) > 0
-st = {l.split(":")[0]: l.split(":")[1].strip() for l in open(f"/proc/{s.proc.pid}/status") if ":" in l}
+mem = {k: f"{v / 2**20:.0f} MiB" for k, v in proc_memory(s.proc.pid).items()}
 m = servers.scrape_metrics(s.port)
-print(env, {k: st[k] for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")},
+print(env, mem,
       "revisit hits", hits, len(ttft), "ttft p50", sorted(ttft)[len(ttft)//2] if ttft else None,
       "phys", m.get("skippy_cache_physical_bytes"), f"{time.time()-t0:.0f}s", flush=True)
 s.stop()

@@ -12,6 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 from bench_lib import workloads, servers, config  # noqa: F401 (workloads first: import order)
 from bench_lib.larger_than_ram import LargerThanRam
+from bench_lib.runner import proc_memory
 from bench_lib.workloads import Client, Deadline
 from run_bench import default_llama_server
 
@@ -66,9 +67,8 @@ def run(kind, model):
             summary(s.proc.pid, "after one request")
             first = False
     summary(s.proc.pid, "after the plan")
-    st = {l.split(":")[0]: l.split(":")[1].strip() for l in open(f"/proc/{s.proc.pid}/status")
-          if ":" in l}
-    print("  ", {k: st[k] for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}, flush=True)
+    print("  ", {k: f"{v / 2**20:.0f} MiB" for k, v in proc_memory(s.proc.pid).items()},
+          flush=True)
     if kind.startswith("skippy"):
         m = servers.scrape_metrics(s.port)
         print("  ", {k: round(v / 2**20, 1) for k, v in m.items()
