@@ -72,7 +72,7 @@ def run(kind, model):
     if kind.startswith("skippy"):
         m = servers.scrape_metrics(s.port)
         print("  ", {k: round(v / 2**20, 1) for k, v in m.items()
-                     if k.startswith("skippy_cache") and k.endswith("bytes")}, flush=True)
+                     if k.startswith("skippy_cache") and k.endswith("bytes") or "block_" in k}, flush=True)
     # What of the heap is free memory glibc keeps: malloc_trim(0) in the server, through gdb.
     gdb = ["gdb", "-p", str(s.proc.pid), "-batch", "-ex", "call (int)malloc_trim(0)"]
     subprocess.run(gdb, capture_output=True, timeout=60)

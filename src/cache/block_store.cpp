@@ -7,7 +7,10 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <unordered_set>
 #include <utility>
+
+#include "cache/block_memory.h"
 
 namespace skippy::cache {
 namespace {
@@ -149,6 +152,17 @@ void BlockStore::rollback(const std::vector<std::pair<BlockId, bool>>& applied) 
     }
 }
 
+uint64_t BlockStore::unstored_bytes(const PreparedPayload& prepared) const {
+    uint64_t bytes = 0;
+    std::unordered_set<Hash128, Hash128Hash> seen;
+    for (const auto& pb : prepared.blocks) {
+        if (!by_hash_.contains(pb.hash) && seen.insert(pb.hash).second) {
+            bytes += pb.size;
+        }
+    }
+    return bytes;
+}
+
 InsertOutcome BlockStore::commit(const PreparedPayload& prepared) {
     InsertOutcome out;
     if (prepared.error != InsertError::None) {
@@ -195,7 +209,7 @@ InsertOutcome BlockStore::commit(const PreparedPayload& prepared) {
                     break;
                 }
                 Block block;
-                block.data = std::make_shared_for_overwrite<uint8_t[]>(seg.size());
+                block.data = BlockMemory::process().allocate(seg.size());
                 if (!seg.empty()) {
                     std::memcpy(block.data.get(), seg.data(), seg.size());
                 }
@@ -349,6 +363,33 @@ ReconstructResult PayloadSnapshot::reconstruct(bool verify) const {
     return result;
 }
 
+std::vector<std::span<const uint8_t>> PayloadSnapshot::parts() const {
+    std::vector<std::span<const uint8_t>> out;
+    out.reserve(parts_.size());
+    for (const Part& p : parts_) {
+        out.emplace_back(p.data.get(), p.size);
+    }
+    return out;
+}
+
+ReconstructError PayloadSnapshot::verify() const {
+    std::vector<Hash128> hashes;
+    std::vector<size_t> sizes;
+    uint64_t total = 0;
+    for (const Part& p : parts_) {
+        hashes.push_back(hasher_({p.data.get(), p.size}));
+        sizes.push_back(p.size);
+        total += p.size;
+    }
+    if (total != size_) {
+        return ReconstructError::SizeMismatch;
+    }
+    if (payload_checksum(size_, hashes, sizes) != checksum_) {
+        return ReconstructError::ChecksumMismatch;
+    }
+    return ReconstructError::None;
+}
+
 ReconstructError PayloadSnapshot::reconstruct_into(std::vector<uint8_t>& out, bool verify) const {
     uint64_t total = 0;
     for (const Part& p : parts_) {
@@ -357,7 +398,14 @@ ReconstructError PayloadSnapshot::reconstruct_into(std::vector<uint8_t>& out, bo
     if (total != size_) {
         return ReconstructError::SizeMismatch;
     }
-    out.resize(static_cast<size_t>(size_));
+    const auto size = static_cast<size_t>(size_);
+    if (out.capacity() < size) {
+        // Not resize()'s doubling: a buffer kept across calls would hold up to twice the
+        // largest payload. The old one goes first, so that its space can be reused.
+        std::vector<uint8_t>().swap(out);
+        out.reserve(size + size / 8);  // (an eighth of headroom for a conversation's next turn)
+    }
+    out.resize(size);
     std::vector<Hash128> hashes;
     std::vector<size_t> sizes;
     size_t off = 0;

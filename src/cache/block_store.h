@@ -9,6 +9,7 @@
 //   ReconstructResult r = store.reconstruct(p);          // verifies the checksum
 //   if (r.ok()) use(r.bytes.span());                     // single block: no copy
 //   store.snapshot(p)->reconstruct_into(reused_buffer);  // into a caller's buffer
+//   auto snap = store.snapshot(p); snap->verify(); read(snap->parts());  // in place
 //   store.release(p);                                    // validated before any change
 //
 // Blocks: a payload is cut at the caller's cut points (e.g. the token-chunk boundaries
@@ -147,6 +148,11 @@ class PayloadSnapshot {
     // Copies the payload into `out` (resized to size(); reuse it across calls to avoid
     // page-faulting a fresh buffer each time). On error `out` holds no valid payload.
     ReconstructError reconstruct_into(std::vector<uint8_t>& out, bool verify = true) const;
+    // The payload's bytes in place, block by block (valid while this snapshot lives): read
+    // them without a joined copy. verify() re-hashes them against the checksum as
+    // reconstruct(verify=true) does.
+    std::vector<std::span<const uint8_t>> parts() const;
+    ReconstructError verify() const;
     uint64_t size() const { return size_; }
 
   private:
@@ -184,6 +190,10 @@ class BlockStore {
     InsertOutcome insert(std::span<const uint8_t> bytes, std::span<const size_t> cuts = {}) {
         return commit(prepare(bytes, cuts));
     }
+
+    // Bytes commit(prepared) would add: its blocks whose hash no stored block has (each
+    // distinct hash once). An estimate before taking room: a hash collision adds a block.
+    uint64_t unstored_bytes(const PreparedPayload& prepared) const;
 
     // Drops one reference per listed block (a block may be listed more than once). The
     // whole batch is validated first; on error nothing changes.

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <map>
 
+#include "cache/block_memory.h"
+
 namespace skippy::cache {
 
 namespace {
@@ -62,6 +64,20 @@ const char* to_string(QuarantineStatus status) {
     return "?";
 }
 
+namespace {
+
+// Idle block mappings kept after a change (BlockMemory): what the next insert is likely to
+// reuse as it is. Declared before the cache's lock guard, so that it runs after the lock
+// is released (munmap outside the lock).
+struct TrimIdleBlocks {
+    TrimIdleBlocks() = default;
+    TrimIdleBlocks(const TrimIdleBlocks&) = delete;
+    TrimIdleBlocks& operator=(const TrimIdleBlocks&) = delete;
+    ~TrimIdleBlocks() { BlockMemory::process().trim_idle(size_t{4} << 20); }
+};
+
+}  // namespace
+
 ExactStateCache::ExactStateCache(ExactStateCacheOptions options)
     : options_(std::move(options)), store_(options_.blocks) {}
 
@@ -91,8 +107,9 @@ void ExactStateCache::free_record(EntryId entry) {
     records_.erase(it);
 }
 
-bool ExactStateCache::fits_after_evicting_all(EntryId keep) const {
-    // What stays after evicting every evictable entry: `keep` plus leased/hidden entries.
+bool ExactStateCache::fits_after_evicting_all(EntryId keep, uint64_t extra_bytes) const {
+    // What stays after evicting every evictable entry: `keep` plus leased/hidden entries,
+    // and `extra_bytes` of a payload not stored yet (as one more entry when non-zero).
     std::unordered_map<BlockId, size_t> kept_blocks;
     size_t kept_entries = 0;
     for (const auto& [id, rec] : records_) {
@@ -107,6 +124,10 @@ bool ExactStateCache::fits_after_evicting_all(EntryId keep) const {
     uint64_t kept_bytes = 0;
     for (const auto& [b, size] : kept_blocks) {
         kept_bytes += size;
+    }
+    if (extra_bytes > 0) {
+        ++kept_entries;
+        kept_bytes += extra_bytes;
     }
     return kept_entries <= options_.limits.max_entries &&
            kept_bytes <= options_.limits.max_physical_bytes;
@@ -135,7 +156,9 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
     // Hash outside the lock: prepare() only reads immutable options.
     const PreparedPayload prepared = store_.prepare(bytes, cuts);
 
+    const TrimIdleBlocks trim;  // (after the lock: the evicted blocks' unused mappings)
     std::lock_guard lock(mu_);
+    EntryId existing_entry = kNoEntry;
     if (auto existing = index_.find(ComponentKind::Exact, ns, tokens)) {
         const Record& rec = records_.at(*existing);
         if (rec.page == page) {
@@ -149,25 +172,11 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
             result.status = ExactInsertStatus::Leased;
             return result;
         }
+        existing_entry = *existing;
     }
 
-    InsertOutcome stored = store_.commit(prepared);
-    if (!stored.ok()) {
-        ++counters_.rejected;
-        result.status = ExactInsertStatus::StoreFailed;
-        result.store_error = stored.error;
-        return result;
-    }
-    result.blocks = stored.report;
-
-    InsertResult placed = index_.insert(ComponentKind::Exact, ns, tokens, page.value());
-    if (placed.status == InsertStatus::Leased) {  // a doomed (quarantined, leased) entry
-        (void)store_.release(stored.payload);
-        ++counters_.rejected;
-        result.status = ExactInsertStatus::Leased;
-        return result;
-    }
-    // Removals this insert causes, reported after its own Added (entry_change.h).
+    // Removals this insert causes, reported after its own Added (entry_change.h), or on
+    // its way out when it fails.
     struct Gone {
         EntryChange::Cause cause;
         NamespaceId ns;
@@ -181,6 +190,60 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
                    g.tokens.empty() ? tokens : std::span<const Token>(g.tokens), g.page);
         }
     };
+    // Evicts the least recently used entry other than `keep`; false when none is left.
+    const auto evict_one = [&](EntryId keep) {
+        std::vector<Token> victim_tokens;
+        if (auto next = index_.lru_victim(ComponentKind::Exact, keep)) {
+            victim_tokens = index_.tokens_of(next->entry);
+            ghosts_.add(next->ns, victim_tokens, GhostCause::Evicted);
+        }
+        auto victim = index_.evict_lru(ComponentKind::Exact, keep);
+        if (!victim) {
+            return false;
+        }
+        if (options_.on_change && victim_tokens.size() == victim->token_count) {
+            gone.push_back({EntryChange::Cause::Evicted, victim->ns, std::move(victim_tokens),
+                            records_.at(victim->entry).page});
+        }
+        result.evicted.push_back(records_.at(victim->entry).page);
+        free_record(victim->entry);
+        ++counters_.evictions;
+        return true;
+    };
+
+    // Room first, where the whole payload would fit once every evictable entry is gone:
+    // the evicted blocks' memory then takes the new blocks (BlockMemory reuses a freed
+    // mapping of the same size) instead of sitting idle until the next insert. The loop
+    // after the commit stays the authority (dedupe can make the estimate off either way).
+    const uint64_t unstored = store_.unstored_bytes(prepared);
+    const auto needs_room = [&] {
+        const size_t entries = records_.size() + (existing_entry == kNoEntry ? 1 : 0);
+        return entries > options_.limits.max_entries ||
+               store_.stats().physical_bytes + unstored > options_.limits.max_physical_bytes;
+    };
+    if (needs_room() && fits_after_evicting_all(existing_entry, prepared.bytes.size())) {
+        while (needs_room() && evict_one(existing_entry)) {
+        }
+    }
+
+    InsertOutcome stored = store_.commit(prepared);
+    if (!stored.ok()) {
+        ++counters_.rejected;
+        result.status = ExactInsertStatus::StoreFailed;
+        result.store_error = stored.error;
+        report_gone();
+        return result;
+    }
+    result.blocks = stored.report;
+
+    InsertResult placed = index_.insert(ComponentKind::Exact, ns, tokens, page.value());
+    if (placed.status == InsertStatus::Leased) {  // a doomed (quarantined, leased) entry
+        (void)store_.release(stored.payload);
+        ++counters_.rejected;
+        result.status = ExactInsertStatus::Leased;
+        report_gone();
+        return result;
+    }
     if (placed.replaced) {
         gone.push_back(
             {EntryChange::Cause::Replaced, ns, {}, records_.at(placed.replaced->entry).page});
@@ -190,7 +253,7 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
     records_[placed.entry] =
         Record{page, descriptor, std::move(stored.payload), 0, unix_ms_now(), 0};
 
-    if (over_limits() && !fits_after_evicting_all(placed.entry)) {
+    if (over_limits() && !fits_after_evicting_all(placed.entry, 0)) {
         // Evicting everything evictable would not make room: keep the others.
         (void)index_.remove(placed.entry);
         free_record(placed.entry);
@@ -199,23 +262,7 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         report_gone();
         return result;
     }
-    while (over_limits()) {
-        std::vector<Token> victim_tokens;
-        if (auto next = index_.lru_victim(ComponentKind::Exact, placed.entry)) {
-            victim_tokens = index_.tokens_of(next->entry);
-            ghosts_.add(next->ns, victim_tokens, GhostCause::Evicted);
-        }
-        auto victim = index_.evict_lru(ComponentKind::Exact, placed.entry);
-        if (!victim) {
-            break;
-        }
-        if (options_.on_change && victim_tokens.size() == victim->token_count) {
-            gone.push_back({EntryChange::Cause::Evicted, victim->ns, std::move(victim_tokens),
-                            records_.at(victim->entry).page});
-        }
-        result.evicted.push_back(records_.at(victim->entry).page);
-        free_record(victim->entry);
-        ++counters_.evictions;
+    while (over_limits() && evict_one(placed.entry)) {
     }
     if (over_limits()) {
         (void)index_.remove(placed.entry);
@@ -295,7 +342,7 @@ TryExactPeek ExactStateCache::try_peek_longest(const NamespaceId& ns, std::span<
 }
 
 ReconstructResult ExactStateCache::reconstruct(const Lease& lease, bool verify) const {
-    std::optional<PayloadSnapshot> snap = snapshot_of(lease);
+    std::optional<PayloadSnapshot> snap = snapshot(lease);
     if (!snap) {
         ReconstructResult r;
         r.error = ReconstructError::MissingBlock;
@@ -304,7 +351,7 @@ ReconstructResult ExactStateCache::reconstruct(const Lease& lease, bool verify) 
     return snap->reconstruct(verify);  // outside the lock
 }
 
-std::optional<PayloadSnapshot> ExactStateCache::snapshot_of(const Lease& lease) const {
+std::optional<PayloadSnapshot> ExactStateCache::snapshot(const Lease& lease) const {
     std::lock_guard lock(mu_);
     auto it = records_.find(lease.entry());
     if (lease.owner() != this || it == records_.end()) {
@@ -315,7 +362,7 @@ std::optional<PayloadSnapshot> ExactStateCache::snapshot_of(const Lease& lease) 
 
 ReconstructError ExactStateCache::reconstruct_into(const Lease& lease, std::vector<uint8_t>& out,
                                                    bool verify) const {
-    std::optional<PayloadSnapshot> snap = snapshot_of(lease);
+    std::optional<PayloadSnapshot> snap = snapshot(lease);
     if (!snap) {
         return ReconstructError::MissingBlock;
     }
@@ -324,6 +371,7 @@ ReconstructError ExactStateCache::reconstruct_into(const Lease& lease, std::vect
 
 QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns, std::span<const Token> tokens,
                                              PageId page) {
+    const TrimIdleBlocks trim;
     std::lock_guard lock(mu_);
     auto id = index_.find(ComponentKind::Exact, ns, tokens);
     if (!id) {
@@ -333,6 +381,7 @@ QuarantineStatus ExactStateCache::quarantine(const NamespaceId& ns, std::span<co
 }
 
 QuarantineStatus ExactStateCache::quarantine(const ExactHit& hit) {
+    const TrimIdleBlocks trim;
     std::lock_guard lock(mu_);
     auto info = index_.info(hit.lease.entry());
     if (hit.lease.owner() != this || !info || info->doomed) {
@@ -434,6 +483,7 @@ std::vector<ExactEntrySummary> ExactStateCache::list_entries(const NamespaceId* 
 }
 
 size_t ExactStateCache::remove_namespace(const NamespaceId& ns) {
+    const TrimIdleBlocks trim;
     std::lock_guard lock(mu_);
     if (options_.on_change) {
         for (const EntryInfo& info : index_.entries(ComponentKind::Exact)) {

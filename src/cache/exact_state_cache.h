@@ -184,6 +184,11 @@ class ExactStateCache final : public LeaseOwner {
     ReconstructError reconstruct_into(const Lease& lease, std::vector<uint8_t>& out,
                                       bool verify = true) const;
 
+    // The blocks of a leased entry, held by the snapshot (nullopt if the lease is not from
+    // this cache): read them in place, outside the cache's lock (PayloadSnapshot::verify,
+    // parts).
+    std::optional<PayloadSnapshot> snapshot(const Lease& lease) const;
+
     // Removes the entry stored exactly at `tokens` if it is `page` (see QuarantineStatus).
     QuarantineStatus quarantine(const NamespaceId& ns, std::span<const Token> tokens, PageId page);
     // Same for the entry a hit leased (its lease still held or not).
@@ -232,14 +237,13 @@ class ExactStateCache final : public LeaseOwner {
     };
 
     bool over_limits() const;
-    bool fits_after_evicting_all(EntryId keep) const;
+    bool fits_after_evicting_all(EntryId keep, uint64_t extra_bytes) const;
     void notify(EntryChange::Kind kind, EntryChange::Cause cause, const NamespaceId& ns,
                 std::span<const Token> tokens, PageId page) const;
     void free_record(EntryId entry);
     QuarantineStatus quarantine_locked(EntryId id, PageId page);
     std::optional<ExactHit> acquire_locked(EntryId entry, size_t len, size_t stored_len);
     ExactStateStats stats_locked() const;
-    std::optional<PayloadSnapshot> snapshot_of(const Lease& lease) const;
     std::optional<ExactPeek> peek_locked(const NamespaceId& ns, std::span<const Token> query,
                                          PrefixMatch match) const;
     Presence contains_locked(const NamespaceId& ns, std::span<const Token> tokens,

@@ -52,6 +52,50 @@ class Reader {
     size_t offset_ = 0;
 };
 
+// Reads parts front to back (a stored payload's blocks, in place).
+class PartsReader {
+  public:
+    explicit PartsReader(ByteParts parts) : parts_(parts) {}
+    // Copies the next `n` bytes to `dst` (or skips them when `dst` is null); past the end,
+    // copies what there is and ok() turns false.
+    void copy(uint8_t* dst, size_t n) {
+        while (n > 0) {
+            if (part_ == parts_.size()) {
+                ok_ = false;
+                return;
+            }
+            const std::span<const uint8_t> p = parts_[part_];
+            const size_t take = std::min(n, p.size() - offset_);
+            if (dst != nullptr && take > 0) {
+                std::memcpy(dst, p.data() + offset_, take);
+                dst += take;
+            }
+            n -= take;
+            offset_ += take;
+            if (offset_ == p.size()) {
+                ++part_;
+                offset_ = 0;
+            }
+        }
+    }
+    void skip(size_t n) { copy(nullptr, n); }
+    bool ok() const { return ok_; }
+    bool at_end() const {
+        for (size_t i = part_; i < parts_.size(); ++i) {
+            if (parts_[i].size() > (i == part_ ? offset_ : 0)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+  private:
+    ByteParts parts_;
+    size_t part_ = 0;
+    size_t offset_ = 0;
+    bool ok_ = true;
+};
+
 class Writer {
   public:
     explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
@@ -292,14 +336,17 @@ struct Header {
     std::vector<Entry> v;
 };
 
-std::optional<Header> read_header(std::span<const uint8_t> section, std::string& why) {
+// `section`: the section's first bytes (all of its header), `total`: its whole size.
+std::optional<Header> read_header(std::span<const uint8_t> section, uint64_t total,
+                                  std::string& why) {
     Reader r(section);
+    const auto rest = [&] { return total - r.offset(); };  // bytes after what was read
     uint32_t magic = 0;
     uint8_t version = 0;
     uint8_t mode = 0;
     uint16_t page_tokens = 0;
     uint64_t fingerprint = 0;
-    if (section.empty()) {
+    if (total == 0) {
         why = "kv pages: empty section";
         return std::nullopt;
     }
@@ -336,7 +383,7 @@ std::optional<Header> read_header(std::span<const uint8_t> section, std::string&
         case static_cast<uint8_t>(KvPagesMode::Empty):
             info.mode = KvPagesMode::Empty;
             info.header_bytes = r.offset();
-            if (r.remaining() != 0) {
+            if (rest() != 0) {
                 why = "kv pages: trailing bytes after an empty section";
                 return std::nullopt;
             }
@@ -348,7 +395,7 @@ std::optional<Header> read_header(std::span<const uint8_t> section, std::string&
                 return std::nullopt;
             }
             info.header_bytes = r.offset();
-            if (info.raw_bytes != r.remaining()) {
+            if (info.raw_bytes != rest()) {
                 why = "kv pages: raw section size mismatch";
                 return std::nullopt;
             }
@@ -415,8 +462,8 @@ std::optional<Header> read_header(std::span<const uint8_t> section, std::string&
         why = "kv pages: sizes overflow";
         return std::nullopt;
     }
-    if (page_bytes != r.remaining()) {
-        why = "kv pages: page bytes (" + std::to_string(r.remaining()) + ") do not match " +
+    if (page_bytes != rest()) {
+        why = "kv pages: page bytes (" + std::to_string(rest()) + ") do not match " +
               std::to_string(info.n_tokens) + " tokens x " + std::to_string(info.bytes_per_token) +
               " bytes";
         return std::nullopt;
@@ -532,7 +579,7 @@ EncodedKvPages encode_kv_pages(std::span<const uint8_t> attention, uint32_t n_to
 
 std::optional<KvPagesInfo> inspect_kv_pages(std::span<const uint8_t> section, std::string* reason) {
     std::string why;
-    auto h = read_header(section, why);
+    auto h = read_header(section, section.size(), why);
     if (!h) {
         if (reason != nullptr) {
             *reason = why;
@@ -542,9 +589,43 @@ std::optional<KvPagesInfo> inspect_kv_pages(std::span<const uint8_t> section, st
     return h->info;
 }
 
+size_t parts_size(ByteParts parts) {
+    size_t total = 0;
+    for (const auto& p : parts) {
+        total += p.size();
+    }
+    return total;
+}
+
+std::vector<std::span<const uint8_t>> slice_parts(ByteParts parts, size_t begin, size_t end) {
+    std::vector<std::span<const uint8_t>> out;
+    size_t at = 0;  // offset of the current part
+    for (const auto& p : parts) {
+        const size_t a = std::max(begin, at);
+        const size_t b = std::min(end, at + p.size());
+        if (a < b) {
+            out.push_back(p.subspan(a - at, b - a));
+        }
+        at += p.size();
+    }
+    return out;
+}
+
+void append_parts(std::vector<uint8_t>& out, ByteParts parts) {
+    for (const auto& p : parts) {
+        out.insert(out.end(), p.begin(), p.end());
+    }
+}
+
 bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
                      int32_t cell_seq_id, uint32_t n_stream, std::vector<uint8_t>& out,
                      std::string* reason) {
+    const std::span<const uint8_t> one[1] = {section};
+    return decode_kv_pages(ByteParts(one), expected_tokens, cell_seq_id, n_stream, out, reason);
+}
+
+bool decode_kv_pages(ByteParts section, uint32_t expected_tokens, int32_t cell_seq_id,
+                     uint32_t n_stream, std::vector<uint8_t>& out, std::string* reason) {
     std::string why;
     auto fail = [&](std::string msg) {
         if (reason != nullptr) {
@@ -552,17 +633,28 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
         }
         return false;
     };
-    auto h = read_header(section, why);
+    const size_t total = parts_size(section);
+    auto h =
+        read_header(section.empty() ? std::span<const uint8_t>() : section.front(), total, why);
+    if (!h && section.size() > 1) {
+        // The header may go on in the next part (a header longer than a block): once, joined.
+        std::vector<uint8_t> joined;
+        joined.reserve(total);
+        append_parts(joined, section);
+        const std::span<const uint8_t> one[1] = {joined};
+        return decode_kv_pages(ByteParts(one), expected_tokens, cell_seq_id, n_stream, out, reason);
+    }
     if (!h) {
         return fail(why);
     }
+    PartsReader src(section);
+    src.skip(h->info.header_bytes);
     const KvPagesInfo& info = h->info;
     if (info.mode == KvPagesMode::Empty) {
         return true;
     }
     if (info.mode == KvPagesMode::Raw) {
-        out.insert(out.end(), section.begin() + static_cast<ptrdiff_t>(info.header_bytes),
-                   section.end());
+        append_parts(out, slice_parts(section, info.header_bytes, total));
         return true;
     }
     if (info.n_tokens != expected_tokens) {
@@ -570,7 +662,6 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
                     std::to_string(expected_tokens));
     }
     const uint32_t n = info.n_tokens;
-    const uint8_t* pages = section.data() + info.header_bytes;
     // Output layout (llama_kv_cache::state_write for one sequence, cells in pos order).
     const size_t base = out.size();
     const size_t ext = info.cell_ext_bytes;
@@ -627,33 +718,29 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
         }
     }
     uint8_t* dst = out.data();
-    const uint8_t* src = pages;
+    // (read_header checked that the parts hold every byte copied below)
     for (uint32_t page = 0; page < info.n_pages; ++page) {
         const uint32_t a = page * kKvPageTokens;
         const uint32_t t = std::min(n, a + kKvPageTokens) - a;
         for (uint32_t i = 0; i < t && ext > 0; ++i) {
-            std::memcpy(dst + meta_at + (a + i) * meta_stride + 8, src, ext);
-            src += ext;
+            src.copy(dst + meta_at + (a + i) * meta_stride + 8, ext);
         }
         for (size_t l = 0; l < h->k.size(); ++l) {
             const size_t bytes = static_cast<size_t>(h->k[l].size) * t;
-            std::memcpy(dst + k_at[l] + static_cast<size_t>(h->k[l].size) * a, src, bytes);
-            src += bytes;
+            src.copy(dst + k_at[l] + static_cast<size_t>(h->k[l].size) * a, bytes);
         }
         for (size_t l = 0; l < h->v.size(); ++l) {
             const auto el = static_cast<size_t>(h->v[l].size);
             if (!info.v_trans) {
-                std::memcpy(dst + v_at[l] + el * a, src, el * t);
-                src += el * t;
+                src.copy(dst + v_at[l] + el * a, el * t);
                 continue;
             }
             for (uint32_t j = 0; j < h->v[l].n_embd; ++j) {
-                std::memcpy(dst + v_at[l] + (static_cast<size_t>(j) * n + a) * el, src, el * t);
-                src += el * t;
+                src.copy(dst + v_at[l] + (static_cast<size_t>(j) * n + a) * el, el * t);
             }
         }
     }
-    if (src != section.data() + section.size()) {  // read_header checked the sizes
+    if (!src.ok() || !src.at_end()) {  // read_header checked the sizes
         out.resize(base);
         return fail("kv pages: internal size mismatch");
     }

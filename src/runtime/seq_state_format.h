@@ -118,6 +118,16 @@ bool decode_kv_pages(std::span<const uint8_t> section, uint32_t expected_tokens,
                      int32_t cell_seq_id, uint32_t n_stream, std::vector<uint8_t>& out,
                      std::string* reason);
 
+// Bytes in pieces, in order: a stored payload's blocks, read in place (no joined copy).
+using ByteParts = std::span<const std::span<const uint8_t>>;
+// Same as above, from the section's bytes in parts.
+bool decode_kv_pages(ByteParts section, uint32_t expected_tokens, int32_t cell_seq_id,
+                     uint32_t n_stream, std::vector<uint8_t>& out, std::string* reason);
+size_t parts_size(ByteParts parts);
+// The bytes [begin, end) of `parts`, as views into the same memory.
+std::vector<std::span<const uint8_t>> slice_parts(ByteParts parts, size_t begin, size_t end);
+void append_parts(std::vector<uint8_t>& out, ByteParts parts);
+
 // Fingerprint of the llama.cpp state format this build reads and writes.
 uint64_t llama_state_format_fingerprint();
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "cache/block_memory.h"
 #include "stage/prefix_cache_stage.h"
 
 namespace skippy::stage {
@@ -34,6 +35,18 @@ void PrefixCacheStage::write_metrics(metrics::MetricsWriter& out) const {
         out.gauge("skippy_cache_hidden_entries",
                   "Exact-state entries quarantined while leased, freed at the last release.",
                   d(s->hidden_entries));
+    }
+    {
+        const cache::BlockMemoryStats bm = cache::BlockMemory::process().stats();
+        out.gauge("skippy_cache_block_mapped_bytes",
+                  "Memory mapped for the RAM tier's blocks of 64 KiB and more (in use and idle).",
+                  d(bm.mapped_bytes));
+        out.gauge("skippy_cache_block_idle_bytes",
+                  "Block mappings no block uses, kept for the next blocks of their size.",
+                  d(bm.idle_bytes));
+        out.counter("skippy_cache_block_maps_total", "Block mappings created (mmap).", d(bm.maps));
+        out.counter("skippy_cache_block_reuses_total",
+                    "Blocks placed in an idle mapping (no mmap, no page faults).", d(bm.reuses));
     }
     out.gauge("skippy_cache_max_bytes",
               "Byte budget of the RAM tier's entries (--cache-max-bytes less the record "

@@ -226,7 +226,11 @@ bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId la
         return false;
     }
     const auto t1 = Clock::now();
-    const cache::ReconstructError error = exact_->reconstruct_into(hit.lease, import_buffer_);
+    // The entry's blocks are read where they are: verified in place, then decoded straight
+    // into the import blob (no joined copy of the payload).
+    const std::optional<cache::PayloadSnapshot> snapshot = exact_->snapshot(hit.lease);
+    const cache::ReconstructError error =
+        snapshot ? snapshot->verify() : cache::ReconstructError::MissingBlock;
     event.reconstruct_ms = ms_since(t1);
     if (error != cache::ReconstructError::None) {
         reason = std::string("reconstruct failed: ") + cache::to_string(error);
@@ -234,7 +238,8 @@ bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId la
     }
     const auto t2 = Clock::now();
     const PayloadPart part = recurrent_only ? PayloadPart::RecurrentOnly : PayloadPart::Full;
-    if (!decode_payload(import_buffer_, hit.descriptor, n, layout_, blob_buffer_, &reason, part)) {
+    if (!decode_payload(snapshot->parts(), hit.descriptor, n, layout_, blob_buffer_, &reason,
+                        part)) {
         return false;
     }
     const auto scope =

@@ -310,7 +310,6 @@ class PrefixCacheStage final : public StageBackend {
     std::unique_ptr<CacheTelemetry> telemetry_;
     std::vector<LaneState> lanes_;
     uint64_t clock_ = 0;
-    std::vector<uint8_t> import_buffer_;  // reconstructed payload, reused across restores
     std::vector<uint8_t> blob_buffer_;    // decoded llama.cpp blob, reused across restores
     // Bytes of captured states waiting in the record queue (they count against the budget).
     std::shared_ptr<std::atomic<uint64_t>> queued_bytes_;

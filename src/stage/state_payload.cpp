@@ -109,6 +109,14 @@ std::vector<uint8_t> captured_recurrent_blob(const CapturedState& state) {
 bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
                     uint32_t expected_tokens, const PayloadLayout& layout,
                     std::vector<uint8_t>& out, std::string* reason, PayloadPart part) {
+    const std::span<const uint8_t> one[1] = {bytes};
+    return decode_payload(runtime::ByteParts(one), descriptor, expected_tokens, layout, out, reason,
+                          part);
+}
+
+bool decode_payload(runtime::ByteParts bytes, const cache::PayloadDescriptor& descriptor,
+                    uint32_t expected_tokens, const PayloadLayout& layout,
+                    std::vector<uint8_t>& out, std::string* reason, PayloadPart part) {
     out.clear();
     auto fail = [&](const std::string& why) {
         if (reason != nullptr) {
@@ -117,10 +125,11 @@ bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescript
         out.clear();
         return false;
     };
-    if (bytes.empty()) {
+    const size_t size = runtime::parts_size(bytes);
+    if (size == 0) {
         return fail("empty payload");
     }
-    if (auto why = descriptor.validate_against(bytes.size())) {
+    if (auto why = descriptor.validate_against(size)) {
         return fail(*why);
     }
     if (descriptor.kind != layout.kind) {
@@ -134,8 +143,8 @@ bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescript
         return fail("layer range or KV types mismatch");
     }
     const bool paged = descriptor.kind == cache::PayloadKind::KvPages;
-    if (paged && (descriptor.kv_bytes > bytes.size() ||
-                  descriptor.recurrent_bytes != bytes.size() - descriptor.kv_bytes)) {
+    if (paged &&
+        (descriptor.kv_bytes > size || descriptor.recurrent_bytes != size - descriptor.kv_bytes)) {
         return fail("section sizes mismatch");
     }
     if (paged && (descriptor.recurrent_bytes > 0) != layout.has_recurrent) {
@@ -146,23 +155,22 @@ bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescript
         if (!paged || descriptor.recurrent_bytes == 0) {
             return fail("payload has no separate recurrent section");
         }
-        out.insert(out.end(), bytes.begin() + static_cast<ptrdiff_t>(descriptor.kv_bytes),
-                   bytes.end());
+        runtime::append_parts(out, runtime::slice_parts(bytes, descriptor.kv_bytes, size));
         return true;
     }
     if (!paged) {
-        out.insert(out.end(), bytes.begin(), bytes.end());
+        runtime::append_parts(out, bytes);
         return true;
     }
     const auto kv_bytes = static_cast<size_t>(descriptor.kv_bytes);
-    out.reserve(runtime::kSeqStateHeaderBytes + bytes.size() + size_t{16} * expected_tokens +
+    out.reserve(runtime::kSeqStateHeaderBytes + size + size_t{16} * expected_tokens +
                 4 * size_t{layout.n_stream} + 256);
     std::string why;
-    if (!runtime::decode_kv_pages(bytes.first(kv_bytes), expected_tokens, /*cell_seq_id=*/0,
-                                  layout.n_stream, out, &why)) {
+    if (!runtime::decode_kv_pages(runtime::slice_parts(bytes, 0, kv_bytes), expected_tokens,
+                                  /*cell_seq_id=*/0, layout.n_stream, out, &why)) {
         return fail(why);
     }
-    out.insert(out.end(), bytes.begin() + static_cast<ptrdiff_t>(kv_bytes), bytes.end());
+    runtime::append_parts(out, runtime::slice_parts(bytes, kv_bytes, size));
     return true;
 }
 

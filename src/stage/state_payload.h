@@ -29,6 +29,7 @@
 
 #include "cache/payload_descriptor.h"
 #include "runtime/inference_context.h"
+#include "runtime/seq_state_format.h"
 
 namespace skippy::stage {
 
@@ -75,6 +76,11 @@ enum class PayloadPart {
 // llama.cpp blob to import into `out` (a buffer reused across restores); false + reason
 // when the payload is unusable.
 bool decode_payload(std::span<const uint8_t> bytes, const cache::PayloadDescriptor& descriptor,
+                    uint32_t expected_tokens, const PayloadLayout& layout,
+                    std::vector<uint8_t>& out, std::string* reason,
+                    PayloadPart part = PayloadPart::Full);
+// Same, from the payload's bytes in parts (a RAM-tier snapshot's blocks, read in place).
+bool decode_payload(runtime::ByteParts bytes, const cache::PayloadDescriptor& descriptor,
                     uint32_t expected_tokens, const PayloadLayout& layout,
                     std::vector<uint8_t>& out, std::string* reason,
                     PayloadPart part = PayloadPart::Full);

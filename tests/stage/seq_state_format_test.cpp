@@ -184,6 +184,62 @@ TEST_P(HybridKvPagesTest, RoundTripReproducesTheLlamaBlob) {
     }
 }
 
+// The restore path decodes a RAM-tier entry from its blocks in place: any split of the
+// payload into parts decodes to the same blob as the joined bytes, and missing bytes fail.
+TEST_P(HybridKvPagesTest, DecodesTheSameFromPartsSplitAnywhere) {
+    prefill(*ctx_, 0, tokens_, 0, 150);
+    const EncodedPayload enc = export_payload(*ctx_, 0, 150, layout_);
+    const auto& d = enc.descriptor;
+    std::string reason;
+    const auto whole = decode_payload(enc.bytes, d, 150, layout_, &reason);
+    ASSERT_TRUE(whole.has_value()) << reason;
+    const auto recurrent =
+        decode_payload(enc.bytes, d, 150, layout_, &reason, PayloadPart::RecurrentOnly);
+    ASSERT_TRUE(recurrent.has_value()) << reason;
+    const std::span<const uint8_t> bytes(enc.bytes);
+    const auto split = [&](const std::vector<size_t>& cuts) {
+        std::vector<std::span<const uint8_t>> parts;
+        size_t at = 0;
+        for (size_t c : cuts) {
+            parts.push_back(bytes.subspan(at, c - at));  // (an empty part when c == at)
+            at = c;
+        }
+        parts.push_back(bytes.subspan(at));
+        return parts;
+    };
+    std::vector<size_t> every_333;  // mid-row, mid-cell and across the section boundary
+    for (size_t c = 333; c < bytes.size(); c += 333) {
+        every_333.push_back(c);
+    }
+    const std::vector<std::vector<size_t>> splits = {
+        {},                                            // one part
+        enc.cuts,                                      // the blocks the store keeps
+        {5, 5, 40},                                    // inside the header: joined once
+        {d.kv_bytes - 1, d.kv_bytes, d.kv_bytes + 1},  // around the section boundary
+        every_333,
+    };
+    for (size_t i = 0; i < splits.size(); ++i) {
+        SCOPED_TRACE("split " + std::to_string(i));
+        const auto parts = split(splits[i]);
+        std::vector<uint8_t> out;
+        ASSERT_TRUE(stage::decode_payload(parts, d, 150, layout_, out, &reason)) << reason;
+        EXPECT_EQ(out, *whole);
+        ASSERT_TRUE(
+            stage::decode_payload(parts, d, 150, layout_, out, &reason, PayloadPart::RecurrentOnly))
+            << reason;
+        EXPECT_EQ(out, *recurrent);
+    }
+    // One byte short, in any part: an error, not a read past the parts.
+    auto parts = split(every_333);
+    parts.back() = parts.back().first(parts.back().size() - 1);
+    std::vector<uint8_t> out;
+    EXPECT_FALSE(stage::decode_payload(parts, d, 150, layout_, out, &reason));
+    auto kv = runtime::slice_parts(split(every_333), 0, d.kv_bytes);
+    kv[3] = kv[3].first(kv[3].size() - 1);
+    EXPECT_FALSE(runtime::decode_kv_pages(kv, 150, 0, 1, out, &reason));
+    EXPECT_FALSE(reason.empty());
+}
+
 TEST_P(HybridKvPagesTest, DecodedStateRestoresIntoAnotherLane) {
     const size_t n = 137;  // checkpoint before the last prompt token
     prefill(*ctx_, 0, tokens_, 0, n);
