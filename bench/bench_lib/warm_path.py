@@ -6,8 +6,9 @@ Per request (runner.join_lookup_events joins skippy's cache events log to the re
   http      client TTFT − skippy's `skippy.ttft_ms` (HTTP, JSON, SSE, the client)
   queue     `skippy.queue_ms` (waiting for a lane)
   lookup    the events log's lookup_ms (finding the longest cached prefix)
-  reconstruct  reconstruct_ms (assembling the entry's blocks; a disk hit reads them here)
-  import    import_ms: the restore copy into the lane's KV / recurrent buffers (`bytes`)
+  reconstruct  reconstruct_ms (checking the entry's blocks in place against its checksum)
+  import    import_ms: decoding the blocks into llama.cpp's blob and the restore copy into
+            the lane's KV / recurrent buffers (`bytes`)
   other     `skippy.restore_ms` − lookup − reconstruct − import (lane choice, bookkeeping)
   compute   `skippy.ttft_ms` − queue − restore_ms: the suffix's forward pass and the first
             token's sampling. The first token comes out of the pass over the suffix (for the
