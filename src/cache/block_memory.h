@@ -51,6 +51,7 @@ class BlockMemory {
     BlockMemory(const BlockMemory&) = delete;
     BlockMemory& operator=(const BlockMemory&) = delete;
 
+    // An instance must outlive the blocks it hands out (their deleters call it back).
     // The process-wide instance (never destroyed: blocks may outlive static destructors).
     static BlockMemory& process();
 
