@@ -316,51 +316,60 @@ ReconstructResult BlockStore::reconstruct(const StoredPayload& payload, bool ver
 
 ReconstructResult PayloadSnapshot::reconstruct(bool verify) const {
     ReconstructResult result;
-    uint64_t total = 0;
-    for (const Part& p : parts_) {
-        total += p.size;
-    }
-    if (total != size_) {
-        result.error = ReconstructError::SizeMismatch;
+    if ((result.error = check_size()) != ReconstructError::None) {
         return result;
     }
-    std::vector<Hash128> hashes;
-    std::vector<size_t> sizes;
-    if (verify) {
-        hashes.reserve(parts_.size());
-        sizes.reserve(parts_.size());
-    }
     PayloadBytes bytes;
+    const uint8_t* joined = nullptr;  // the copy, when there is one
     if (parts_.size() == 1) {
         const Part& p = parts_.front();
-        if (verify) {
-            hashes.push_back(hasher_({p.data.get(), p.size}));
-            sizes.push_back(p.size);
-        }
         bytes = PayloadBytes(std::shared_ptr<const uint8_t[]>(p.data), p.size, true);
     } else {
         std::shared_ptr<uint8_t[]> buffer =
             std::make_shared_for_overwrite<uint8_t[]>(static_cast<size_t>(size_));
-        size_t off = 0;
-        for (const Part& p : parts_) {
-            if (p.size != 0) {
-                std::memcpy(buffer.get() + off, p.data.get(), p.size);
-            }
-            if (verify) {
-                // Hash the copy, so what is returned is exactly what was verified.
-                hashes.push_back(hasher_({buffer.get() + off, p.size}));
-                sizes.push_back(p.size);
-            }
-            off += p.size;
-        }
+        copy_to(buffer.get());
+        joined = buffer.get();
         bytes = PayloadBytes(std::move(buffer), static_cast<size_t>(size_), false);
     }
-    if (verify && payload_checksum(size_, hashes, sizes) != checksum_) {
-        result.error = ReconstructError::ChecksumMismatch;
+    // The copy is what gets hashed, so what is returned is exactly what was verified.
+    if (verify && (result.error = check_sum(joined)) != ReconstructError::None) {
         return result;
     }
     result.bytes = std::move(bytes);
     return result;
+}
+
+ReconstructError PayloadSnapshot::check_size() const {
+    uint64_t total = 0;
+    for (const Part& p : parts_) {
+        total += p.size;
+    }
+    return total == size_ ? ReconstructError::None : ReconstructError::SizeMismatch;
+}
+
+ReconstructError PayloadSnapshot::check_sum(const uint8_t* joined) const {
+    std::vector<Hash128> hashes;
+    std::vector<size_t> sizes;
+    hashes.reserve(parts_.size());
+    sizes.reserve(parts_.size());
+    size_t off = 0;
+    for (const Part& p : parts_) {
+        hashes.push_back(hasher_({joined != nullptr ? joined + off : p.data.get(), p.size}));
+        sizes.push_back(p.size);
+        off += p.size;
+    }
+    return payload_checksum(size_, hashes, sizes) == checksum_ ? ReconstructError::None
+                                                               : ReconstructError::ChecksumMismatch;
+}
+
+void PayloadSnapshot::copy_to(uint8_t* out) const {
+    size_t off = 0;
+    for (const Part& p : parts_) {
+        if (p.size != 0) {
+            std::memcpy(out + off, p.data.get(), p.size);
+        }
+        off += p.size;
+    }
 }
 
 std::vector<std::span<const uint8_t>> PayloadSnapshot::parts() const {
@@ -373,30 +382,13 @@ std::vector<std::span<const uint8_t>> PayloadSnapshot::parts() const {
 }
 
 ReconstructError PayloadSnapshot::verify() const {
-    std::vector<Hash128> hashes;
-    std::vector<size_t> sizes;
-    uint64_t total = 0;
-    for (const Part& p : parts_) {
-        hashes.push_back(hasher_({p.data.get(), p.size}));
-        sizes.push_back(p.size);
-        total += p.size;
-    }
-    if (total != size_) {
-        return ReconstructError::SizeMismatch;
-    }
-    if (payload_checksum(size_, hashes, sizes) != checksum_) {
-        return ReconstructError::ChecksumMismatch;
-    }
-    return ReconstructError::None;
+    const ReconstructError size = check_size();
+    return size != ReconstructError::None ? size : check_sum(nullptr);
 }
 
 ReconstructError PayloadSnapshot::reconstruct_into(std::vector<uint8_t>& out, bool verify) const {
-    uint64_t total = 0;
-    for (const Part& p : parts_) {
-        total += p.size;
-    }
-    if (total != size_) {
-        return ReconstructError::SizeMismatch;
+    if (const ReconstructError size = check_size(); size != ReconstructError::None) {
+        return size;
     }
     const auto size = static_cast<size_t>(size_);
     if (out.capacity() < size) {
@@ -406,23 +398,8 @@ ReconstructError PayloadSnapshot::reconstruct_into(std::vector<uint8_t>& out, bo
         out.reserve(size + size / 8);  // (an eighth of headroom for a conversation's next turn)
     }
     out.resize(size);
-    std::vector<Hash128> hashes;
-    std::vector<size_t> sizes;
-    size_t off = 0;
-    for (const Part& p : parts_) {
-        if (p.size != 0) {
-            std::memcpy(out.data() + off, p.data.get(), p.size);
-        }
-        if (verify) {
-            hashes.push_back(hasher_({out.data() + off, p.size}));
-            sizes.push_back(p.size);
-        }
-        off += p.size;
-    }
-    if (verify && payload_checksum(size_, hashes, sizes) != checksum_) {
-        return ReconstructError::ChecksumMismatch;
-    }
-    return ReconstructError::None;
+    copy_to(out.data());
+    return verify ? check_sum(out.data()) : ReconstructError::None;  // (the copy, hashed)
 }
 
 std::optional<uint32_t> BlockStore::refcount(BlockId block) const {

@@ -157,6 +157,13 @@ class PayloadSnapshot {
 
   private:
     friend class BlockStore;
+    // SizeMismatch when the blocks do not add up to the payload's size.
+    ReconstructError check_size() const;
+    // The blocks' hashes against the checksum: of the bytes at `joined` (a copy of the
+    // payload, block after block) or, when null, of the blocks in place.
+    ReconstructError check_sum(const uint8_t* joined) const;
+    void copy_to(uint8_t* out) const;  // the blocks, one after the other (size() bytes)
+
     struct Part {
         std::shared_ptr<uint8_t[]> data;
         size_t size = 0;
