@@ -263,12 +263,14 @@ TEST_P(ExactLogitsTest, AChatTurnWhoseEndNeverRanRestoresThePreviousPrompt) {
     o.lanes = 1;
     auto stage = std::make_unique<stage::PrefixCacheStage>(cache_config(), *model_, o.context,
                                                            cache::PayloadKind::KvPages);
+    stage::PrefixCacheStage* one_stage = stage.get();
     Scheduler one(*model_, o, std::move(stage));
     std::mt19937 rng(59);
     const auto system = random_tokens(rng, 100);
     const std::vector<runtime::Token> sep = {7, 8, 9};
-    auto chat = [&](const std::vector<runtime::Token>& prompt, std::vector<int32_t> boundaries,
-                    Scheduler& scheduler, bool turn_end) {
+    // Submits a chat turn; the returned function waits for its result.
+    auto start_chat = [&](const std::vector<runtime::Token>& prompt,
+                          std::vector<int32_t> boundaries, Scheduler& scheduler, bool turn_end) {
         auto out = std::make_shared<Result>();
         GenerationRequest req = request_for(prompt, 4, out);
         req.message_boundaries = std::move(boundaries);
@@ -284,7 +286,13 @@ TEST_P(ExactLogitsTest, AChatTurnWhoseEndNeverRanRestoresThePreviousPrompt) {
                 return t;
             };
         }
-        return run(scheduler, std::move(req), out);
+        auto stream = std::make_shared<GenerationStream>();
+        EXPECT_EQ(scheduler.submit(std::move(req), stream), Admission::Accepted);
+        return [stream, out] { return wait_for(stream, out); };
+    };
+    auto chat = [&](const std::vector<runtime::Token>& prompt, std::vector<int32_t> boundaries,
+                    Scheduler& scheduler, bool turn_end) {
+        return start_chat(prompt, std::move(boundaries), scheduler, turn_end)();
     };
     std::vector<runtime::Token> x1 = system;
     std::vector<runtime::Token> y1 = system;
@@ -292,8 +300,14 @@ TEST_P(ExactLogitsTest, AChatTurnWhoseEndNeverRanRestoresThePreviousPrompt) {
         const auto msg = random_tokens(rng, 80);
         p->insert(p->end(), msg.begin(), msg.end());
     }
-    const Result x1_out = chat(x1, {100}, one, true);
-    chat(y1, {100}, one, true);  // takes the lane before X's turn end
+    // Y waits for the lane while X's first turn runs, so it takes the lane before X's turn
+    // end can start (that starts only once the scheduler has been idle for a while).
+    auto x1_done = start_chat(x1, {100}, one, true);
+    auto y1_done = start_chat(y1, {100}, one, true);
+    const Result x1_out = x1_done();
+    y1_done();
+    // X's body end was exported when Y took the lane; its insert is the record worker's.
+    one_stage->record_queue()->wait_idle();
     std::vector<runtime::Token> x2 = x1;
     x2.insert(x2.end(), x1_out.tokens.begin(), x1_out.tokens.end());
     x2.insert(x2.end(), sep.begin(), sep.end());
