@@ -97,6 +97,7 @@ PreparedPayload BlockStore::prepare(std::span<const uint8_t> bytes,
                                     std::span<const size_t> cuts) const {
     PreparedPayload out;
     out.bytes = bytes;
+    out.size = bytes.size();
     size_t prev = 0;
     for (size_t cut : cuts) {
         if (cut <= prev || cut >= bytes.size()) {
@@ -111,7 +112,8 @@ PreparedPayload BlockStore::prepare(std::span<const uint8_t> bytes,
         const size_t segment_end = i < cuts.size() ? cuts[i] : bytes.size();
         for (size_t off = segment_begin; off < segment_end; off += options_.block_bytes) {
             const size_t len = std::min(options_.block_bytes, segment_end - off);
-            out.blocks.push_back({off, len, options_.hasher(bytes.subspan(off, len))});
+            out.blocks.push_back(
+                {off, len, options_.hasher(bytes.subspan(off, len)), bytes.data() + off});
         }
         segment_begin = segment_end;
     }
@@ -172,7 +174,7 @@ InsertOutcome BlockStore::commit(const PreparedPayload& prepared) {
     const std::optional<size_t> fail_after = std::exchange(fail_after_, std::nullopt);
     std::vector<std::pair<BlockId, bool>> applied;  // (block, created here)
     InsertReport report;
-    report.logical_bytes = prepared.bytes.size();
+    report.logical_bytes = prepared.size;
     report.hash_seconds = prepared.hash_seconds;
     InsertError error = InsertError::None;
     try {
@@ -183,7 +185,7 @@ InsertOutcome BlockStore::commit(const PreparedPayload& prepared) {
                 error = InsertError::InjectedFailure;
                 break;
             }
-            const std::span<const uint8_t> seg = prepared.bytes.subspan(pb.offset, pb.size);
+            const std::span<const uint8_t> seg = pb.span();
             BlockId found = 0;
             if (auto bucket = by_hash_.find(pb.hash); bucket != by_hash_.end()) {
                 for (BlockId candidate : bucket->second) {
@@ -247,7 +249,7 @@ InsertOutcome BlockStore::commit(const PreparedPayload& prepared) {
         out.payload = StoredPayload{};
         return out;
     }
-    out.payload.size = prepared.bytes.size();
+    out.payload.size = prepared.size;
     out.payload.checksum = prepared.checksum;
     out.report = report;
     ++stats_.inserts;
@@ -384,6 +386,60 @@ std::vector<std::span<const uint8_t>> PayloadSnapshot::parts() const {
 ReconstructError PayloadSnapshot::verify() const {
     const ReconstructError size = check_size();
     return size != ReconstructError::None ? size : check_sum(nullptr);
+}
+
+std::optional<PreparedPayload> PayloadSnapshot::prepare_in_place(const BlockStoreOptions& cutting,
+                                                                 std::span<const size_t> cuts,
+                                                                 ReconstructError* error) const {
+    *error = check_size();
+    if (*error != ReconstructError::None || cutting.hasher != hasher_ || cutting.block_bytes == 0) {
+        return std::nullopt;
+    }
+    // The blocks prepare() cuts: a segment between cuts, then every block_bytes. Each must be
+    // one stored part. (Invalid cuts: not lined up, the joined path's prepare() reports them.)
+    size_t part = 0;
+    size_t segment_begin = 0;
+    for (size_t i = 0; i <= cuts.size(); ++i) {
+        const size_t segment_end = i < cuts.size() ? cuts[i] : static_cast<size_t>(size_);
+        if (segment_end <= segment_begin && i < cuts.size()) {
+            return std::nullopt;
+        }
+        for (size_t off = segment_begin; off < segment_end; off += cutting.block_bytes) {
+            const size_t len = std::min(cutting.block_bytes, segment_end - off);
+            if (part >= parts_.size() || parts_[part].size != len) {
+                return std::nullopt;
+            }
+            ++part;
+        }
+        segment_begin = segment_end;
+    }
+    if (part != parts_.size()) {
+        return std::nullopt;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    PreparedPayload out;
+    out.size = size_;
+    out.blocks.reserve(parts_.size());
+    std::vector<Hash128> hashes;
+    std::vector<size_t> sizes;
+    hashes.reserve(parts_.size());
+    sizes.reserve(parts_.size());
+    size_t off = 0;
+    for (const Part& p : parts_) {
+        const Hash128 hash = hasher_({p.data.get(), p.size});
+        out.blocks.push_back({off, p.size, hash, p.data.get()});
+        hashes.push_back(hash);
+        sizes.push_back(p.size);
+        off += p.size;
+    }
+    out.checksum = payload_checksum(size_, hashes, sizes);
+    if (out.checksum != checksum_) {
+        *error = ReconstructError::ChecksumMismatch;
+        return std::nullopt;
+    }
+    out.hash_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
 }
 
 ReconstructError PayloadSnapshot::reconstruct_into(std::vector<uint8_t>& out, bool verify) const {

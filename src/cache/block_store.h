@@ -127,15 +127,19 @@ struct ReconstructResult {
 };
 
 // Output of BlockStore::prepare: block boundaries and hashes. Refers to the caller's
-// bytes, which must outlive it.
+// bytes, which must outlive it (from PayloadSnapshot::prepare_in_place: to the snapshot's
+// blocks, and `bytes` is empty).
 struct PreparedPayload {
     struct Block {
-        size_t offset = 0;
+        size_t offset = 0;  // in the payload
         size_t size = 0;
         Hash128 hash;
+        const uint8_t* data = nullptr;  // the block's bytes
+        std::span<const uint8_t> span() const { return {data, size}; }
     };
     InsertError error = InsertError::None;
-    std::span<const uint8_t> bytes;
+    std::span<const uint8_t> bytes;  // the joined payload, when prepared from one
+    uint64_t size = 0;               // payload bytes
     std::vector<Block> blocks;
     uint64_t checksum = 0;
     double hash_seconds = 0;
@@ -153,6 +157,14 @@ class PayloadSnapshot {
     // reconstruct(verify=true) does.
     std::vector<std::span<const uint8_t>> parts() const;
     ReconstructError verify() const;
+    // The blocks BlockStore(cutting).prepare(joined payload, cuts) would give, hashed where
+    // they are (no joined copy) and verified against the checksum, when the stored blocks
+    // are exactly those blocks (same cuts, block size and hasher). std::nullopt with
+    // *error == None when they are not (the caller joins a copy instead); with an error
+    // when the blocks are bad.
+    std::optional<PreparedPayload> prepare_in_place(const BlockStoreOptions& cutting,
+                                                    std::span<const size_t> cuts,
+                                                    ReconstructError* error) const;
     uint64_t size() const { return size_; }
 
   private:

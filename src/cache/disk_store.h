@@ -389,9 +389,10 @@ class DiskStore final : public LeaseOwner {
     void writer_loop();
     std::optional<DiskHit> acquire_locked(EntryId entry, size_t len);  // caller holds mu_
     void sweep();
-    void run_write(WriteJob& job);
-    bool write_files(const WriteJob& job, std::vector<Planned>& plan, uint64_t seq,
-                     const std::vector<uint8_t>& manifest, int* err, const char** what);
+    // Writes the job's payload: `prep` names its blocks (in job.bytes or in job.snapshot).
+    void run_write(WriteJob& job, const PreparedPayload& prep);
+    bool write_files(std::vector<Planned>& plan, uint64_t seq, const std::vector<uint8_t>& manifest,
+                     int* err, const char** what);
     DiskSubmit submit_job(const NamespaceId& ns, std::span<const Token> tokens, PageId page,
                           const PayloadDescriptor& descriptor, PayloadBytes bytes,
                           std::optional<PayloadSnapshot> snapshot, std::vector<size_t> cuts);
@@ -429,7 +430,8 @@ class DiskStore final : public LeaseOwner {
     std::array<disk::Fd, 256> sub_dirs_;
 
     mutable std::mutex mu_;
-    std::vector<uint8_t> write_buffer_;  // the writer thread's: queued snapshots land here
+    // The writer thread's: a queued snapshot whose blocks are not this store's is joined here.
+    std::vector<uint8_t> write_buffer_;
     std::condition_variable work_cv_;
     mutable std::condition_variable idle_cv_;
     RadixIndex index_;

@@ -22,7 +22,7 @@ using disk::BlockRef;
 
 struct DiskStore::Planned {
     BlockKey key;
-    size_t offset = 0;  // first occurrence in the payload
+    const uint8_t* data = nullptr;  // first occurrence in the payload
     size_t size = 0;
     uint32_t uses = 0;  // occurrences in the payload
     bool is_new = true;
@@ -118,24 +118,31 @@ void DiskStore::writer_loop() {
             queue_.pop_front();
             counters_.queued_bytes -= job.size();
             lock.unlock();
-            bool ok = true;
+            // A RAM entry's blocks are written where they are when they are the blocks this
+            // store cuts (the same cuts and block size: the usual case); otherwise they are
+            // joined into the writer's reused buffer (warm pages). Either way the bytes are
+            // verified against the entry's checksum first.
+            ReconstructError error = ReconstructError::None;
+            std::optional<PreparedPayload> prep;
             if (job.snapshot) {
-                // Into the writer's reused buffer (warm pages), verified against the checksum.
-                ok = job.snapshot->reconstruct_into(write_buffer_) == ReconstructError::None;
-                job.snapshot.reset();
-                if (ok) {
+                prep = job.snapshot->prepare_in_place(cutter_.options(), job.cuts, &error);
+                if (!prep && error == ReconstructError::None) {
+                    error = job.snapshot->reconstruct_into(write_buffer_);
+                    job.snapshot.reset();
                     job.bytes = PayloadBytes(std::shared_ptr<const uint8_t[]>(
                                                  write_buffer_.data(), [](const uint8_t*) {}),
                                              write_buffer_.size(), false);
                 }
             }
-            if (ok) {
-                run_write(job);
-            } else {
+            if (error != ReconstructError::None) {
                 std::lock_guard failed(mu_);
                 ++counters_.write_failures;
                 counters_.last_error = "write rejected: the queued payload did not reconstruct";
+            } else {
+                run_write(job, prep ? *prep : cutter_.prepare(job.bytes.span(), job.cuts));
             }
+            prep.reset();
+            job.snapshot.reset();
             job.bytes = PayloadBytes();  // drop the payload before reporting idle
             if (write_buffer_.capacity() > kMaxKeptWriteBuffer) {
                 std::vector<uint8_t>().swap(write_buffer_);  // an outsized one is not kept
@@ -350,9 +357,8 @@ bool DiskStore::make_room(uint64_t needed) {
     }
 }
 
-bool DiskStore::write_files(const WriteJob& job, std::vector<Planned>& plan, uint64_t seq,
+bool DiskStore::write_files(std::vector<Planned>& plan, uint64_t seq,
                             const std::vector<uint8_t>& manifest, int* err, const char** what) {
-    const std::span<const uint8_t> bytes = job.bytes.span();
     std::vector<unsigned> touched;
     int dirfd = -1;
     std::string tmp;
@@ -384,7 +390,7 @@ bool DiskStore::write_files(const WriteJob& job, std::vector<Planned>& plan, uin
         if (!fd.valid()) {
             return fail(errno, "creating a block");
         }
-        if ((e = disk::write_all(fd.get(), bytes.subspan(p.offset, p.size))) != 0) {
+        if ((e = disk::write_all(fd.get(), std::span(p.data, p.size))) != 0) {
             return fail(e, "writing a block");
         }
         if (options_.sync &&
@@ -443,17 +449,15 @@ bool DiskStore::write_files(const WriteJob& job, std::vector<Planned>& plan, uin
     return true;
 }
 
-void DiskStore::run_write(WriteJob& job) {
+void DiskStore::run_write(WriteJob& job, const PreparedPayload& prep) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> logs;
-    const PreparedPayload prep = cutter_.prepare(job.bytes.span(), job.cuts);
     if (prep.error != InsertError::None) {
         std::lock_guard lock(mu_);
         ++counters_.write_failures;
         counters_.last_error = std::string("write rejected: ") + to_string(prep.error);
         return;
     }
-    const std::span<const uint8_t> bytes = job.bytes.span();
     // Unique blocks of this payload (bytes compared), and each block's place in the plan.
     std::vector<Planned> plan;
     std::vector<size_t> order;
@@ -462,8 +466,7 @@ void DiskStore::run_write(WriteJob& job) {
     for (const PreparedPayload::Block& pb : prep.blocks) {
         size_t found = plan.size();
         for (size_t i : in_job[pb.hash]) {
-            if (plan[i].size == pb.size && std::memcmp(bytes.data() + plan[i].offset,
-                                                       bytes.data() + pb.offset, pb.size) == 0) {
+            if (plan[i].size == pb.size && std::memcmp(plan[i].data, pb.data, pb.size) == 0) {
                 found = i;
                 break;
             }
@@ -471,7 +474,7 @@ void DiskStore::run_write(WriteJob& job) {
         if (found == plan.size()) {
             Planned p;
             p.key.hash = pb.hash;
-            p.offset = pb.offset;
+            p.data = pb.data;
             p.size = pb.size;
             plan.push_back(std::move(p));
             in_job[pb.hash].push_back(found);
@@ -514,7 +517,7 @@ void DiskStore::run_write(WriteJob& job) {
             if (fd.valid() && ::fstat(fd.get(), &st) == 0 &&
                 static_cast<uint64_t>(st.st_size) == p.size &&
                 disk::pread_exact(fd.get(), existing, 0, &short_read) == 0 && !short_read &&
-                std::memcmp(existing.data(), bytes.data() + p.offset, p.size) == 0) {
+                std::memcmp(existing.data(), p.data, p.size) == 0) {
                 p.key = cand;
                 p.is_new = false;
                 break;
@@ -558,7 +561,7 @@ void DiskStore::run_write(WriteJob& job) {
         for (size_t i : order) {
             m.blocks.push_back(BlockRef{plan[i].key, plan[i].size});
         }
-        m.payload_checksum = disk::payload_checksum(bytes.size(), m.blocks);
+        m.payload_checksum = disk::payload_checksum(prep.size, m.blocks);
         manifest = disk::encode_manifest(m);
         if (!variants_ok || !make_room_locked(new_bytes + manifest.size())) {
             for (const Planned& p : plan) {
@@ -578,7 +581,7 @@ void DiskStore::run_write(WriteJob& job) {
     int err = 0;
     const char* what = "";
     const bool room = make_room(new_bytes + manifest.size());
-    const bool ok = room && write_files(job, plan, seq, manifest, &err, &what);
+    const bool ok = room && write_files(plan, seq, manifest, &err, &what);
     if (!ok) {
         for (const Planned& p : plan) {
             if (p.written) {
@@ -645,7 +648,7 @@ void DiskStore::run_write(WriteJob& job) {
         commit.ns = job.ns;
         commit.page = job.page;
         commit.tokens = job.tokens.size();
-        commit.payload_bytes = bytes.size();
+        commit.payload_bytes = prep.size;
         commit.new_bytes = new_bytes;
         for (const Planned& p : plan) {
             (p.is_new ? commit.new_blocks : commit.reused_blocks) += 1;

@@ -221,7 +221,7 @@ ExactInsertResult ExactStateCache::insert(const NamespaceId& ns, std::span<const
         return entries > options_.limits.max_entries ||
                store_.stats().physical_bytes + unstored > options_.limits.max_physical_bytes;
     };
-    if (needs_room() && fits_after_evicting_all(existing_entry, prepared.bytes.size())) {
+    if (needs_room() && fits_after_evicting_all(existing_entry, prepared.size)) {
         while (needs_room() && evict_one(existing_entry)) {
         }
     }

@@ -440,18 +440,23 @@ void RedisStore::run_write(Job& job) {
         ++(counters_.*counter);
         counters_.last_error = std::move(why);
     };
+    // A RAM entry's blocks are sent where they are when they are the blocks this store cuts,
+    // else joined into the writer's buffer; verified against the RAM tier's checksum first.
+    std::optional<PreparedPayload> in_place;
     if (job.snapshot) {
-        // Verified against the RAM tier's checksum on the way.
-        if (job.snapshot->reconstruct_into(write_buffer_) != ReconstructError::None) {
+        ReconstructError error = ReconstructError::None;
+        in_place = job.snapshot->prepare_in_place(cutter_.options(), job.cuts, &error);
+        if (!in_place &&
+            (error != ReconstructError::None ||
+             job.snapshot->reconstruct_into(write_buffer_) != ReconstructError::None)) {
             drop(&RedisStats::write_failures, "write rejected: the payload did not reconstruct");
             return;
         }
-        job.snapshot.reset();
     } else {
         write_buffer_ = std::move(job.bytes);
     }
-    const std::span<const uint8_t> bytes(write_buffer_);
-    const PreparedPayload prep = cutter_.prepare(bytes, job.cuts);
+    const PreparedPayload prep =
+        in_place ? std::move(*in_place) : cutter_.prepare(write_buffer_, job.cuts);
     if (prep.error != InsertError::None) {
         drop(&RedisStats::write_failures, std::string("write rejected: ") + to_string(prep.error));
         return;
@@ -508,9 +513,8 @@ void RedisStore::run_write(Job& job) {
         cmds.clear();
         for (size_t k = i; k < std::min(missing.size(), i + kBlocksPerBatch); ++k) {
             const auto& b = prep.blocks[first_of[missing[k]]];
-            cmds.push_back(
-                {"SET", block_keys[missing[k]],
-                 std::string_view(reinterpret_cast<const char*>(bytes.data() + b.offset), b.size)});
+            cmds.push_back({"SET", block_keys[missing[k]],
+                            std::string_view(reinterpret_cast<const char*>(b.data), b.size)});
             new_bytes += b.size;
         }
         if (!pipeline(writer_conn_.get(), cmds, replies)) {
@@ -533,7 +537,7 @@ void RedisStore::run_write(Job& job) {
     for (const auto& b : prep.blocks) {
         m.blocks.push_back(disk::BlockRef{disk::BlockKey{b.hash, 0}, b.size});
     }
-    m.payload_checksum = disk::payload_checksum(bytes.size(), m.blocks);
+    m.payload_checksum = disk::payload_checksum(prep.size, m.blocks);
     const std::vector<uint8_t> manifest = disk::encode_manifest(m);
     // The manifest is the commit point: sent once every block is stored.
     if (!pipeline(

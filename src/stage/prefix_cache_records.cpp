@@ -247,10 +247,12 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
         telemetry_->record(event);
         return;
     }
-    // Recycled buffers count against the same budget and give way to a capture.
-    buffers_->trim_idle(queue_budget_bytes_ - queued - estimate);
-    std::vector<uint8_t> storage =
-        buffers_->take(estimate, queue_budget_bytes_ - queued - buffers_->idle_bytes());
+    // Recycled buffers count against the same budget: the capture takes one that fits (the
+    // last restore's import blob or capture, so that its pages are warm), the others give
+    // way to it (before it is written, so that they are never resident together).
+    const uint64_t room = queue_budget_bytes_ - queued;
+    std::vector<uint8_t> storage = buffers_->take(estimate, room);
+    buffers_->trim_idle(room - std::min<uint64_t>(storage.capacity(), room));
     // The one copy on the scheduler thread: the lane's state as llama.cpp exports it.
     const auto t0 = Clock::now();
     auto captured = std::make_shared<CapturedState>();

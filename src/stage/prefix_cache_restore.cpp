@@ -238,13 +238,20 @@ bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId la
     }
     const auto t2 = Clock::now();
     const PayloadPart part = recurrent_only ? PayloadPart::RecurrentOnly : PayloadPart::Full;
-    if (!decode_payload(snapshot->parts(), hit.descriptor, n, layout_, blob_buffer_, &reason,
-                        part)) {
-        return false;
-    }
+    // The import blob is a recycled buffer (counted against the cache's byte budget while
+    // idle), back in the pool for the next capture or restore once imported.
+    std::vector<uint8_t> blob = buffers_->take_empty();
+    const bool decoded =
+        decode_payload(snapshot->parts(), hit.descriptor, n, layout_, blob, &reason, part);
     const auto scope =
         recurrent_only ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
-    bool ok = context.state_import(blob_buffer_, lane, scope);
+    bool ok = decoded && context.state_import(blob, lane, scope);
+    buffers_->give(std::move(blob));
+    const uint64_t queued = queued_bytes_->load();
+    buffers_->trim_idle(queued < queue_budget_bytes_ ? queue_budget_bytes_ - queued : 0);
+    if (!decoded) {
+        return false;
+    }
     const auto used = static_cast<Pos>(hit.len);
     if (ok && (recurrent_only || hit.len < hit.stored_len)) {
         ok = context.seq_remove(lane, used, -1);  // the entry goes on past the prompt

@@ -61,7 +61,9 @@ PrefixCacheStage::PrefixCacheStage(const CacheConfig& config, const runtime::Mod
     // an eighth of it, the stored entries the rest.
     queue_budget_bytes_ = config.max_bytes / 8;
     queued_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
-    buffers_ = std::make_shared<BufferPool>(queue_budget_bytes_ / 2, 8);
+    // Idle buffers and queued captures share the queue's eighth (trimmed where buffers are
+    // taken and given back by the stage).
+    buffers_ = std::make_shared<BufferPool>(queue_budget_bytes_, 8);
     cache::ExactStateCacheOptions options;
     options.limits.max_entries = config.max_entries;
     options.limits.max_physical_bytes = config.max_bytes - queue_budget_bytes_;

@@ -310,11 +310,10 @@ class PrefixCacheStage final : public StageBackend {
     std::unique_ptr<CacheTelemetry> telemetry_;
     std::vector<LaneState> lanes_;
     uint64_t clock_ = 0;
-    std::vector<uint8_t> blob_buffer_;    // decoded llama.cpp blob, reused across restores
     // Bytes of captured states waiting in the record queue (they count against the budget).
     std::shared_ptr<std::atomic<uint64_t>> queued_bytes_;
-    // Recycled state buffers (captures, checkpoints, encoded payloads, peer copies); its idle
-    // bytes count against the queue's share of the budget.
+    // Recycled state buffers (captures, checkpoints, encoded payloads, import blobs, peer
+    // copies); its idle bytes count against the queue's share of the budget.
     std::shared_ptr<BufferPool> buffers_;
     uint64_t queue_budget_bytes_ = 0;
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics

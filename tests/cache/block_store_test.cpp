@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
@@ -299,6 +302,55 @@ TEST(BlockStore, SnapshotOutlivesRelease) {
     ReconstructResult r = snap->reconstruct();
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(to_bytes(r.bytes), payload);
+}
+
+TEST(BlockStore, PrepareInPlaceGivesTheJoinedPayloadsBlocksWithoutACopy) {
+    std::mt19937_64 rng(11);
+    BlockStore store(small_blocks(100));
+    const Bytes payload = test::random_bytes(rng, 350);
+    const std::vector<size_t> cuts{30, 250};
+    InsertOutcome in = store.insert(payload, cuts);
+    ASSERT_TRUE(in.ok());
+    const auto snap = store.snapshot(in.payload);
+    ASSERT_TRUE(snap);
+    ReconstructError error = ReconstructError::MissingBlock;
+    const std::optional<PreparedPayload> in_place =
+        snap->prepare_in_place(small_blocks(100), cuts, &error);
+    EXPECT_EQ(error, ReconstructError::None);
+    ASSERT_TRUE(in_place);
+    const PreparedPayload joined = store.prepare(payload, cuts);
+    EXPECT_EQ(in_place->size, payload.size());
+    EXPECT_EQ(in_place->checksum, joined.checksum);
+    EXPECT_EQ(in_place->checksum, in.payload.checksum);
+    ASSERT_EQ(in_place->blocks.size(), joined.blocks.size());
+    const auto parts = snap->parts();
+    for (size_t i = 0; i < joined.blocks.size(); ++i) {
+        const PreparedPayload::Block& b = in_place->blocks[i];
+        EXPECT_EQ(b.offset, joined.blocks[i].offset);
+        EXPECT_EQ(b.size, joined.blocks[i].size);
+        EXPECT_EQ(b.hash, joined.blocks[i].hash);
+        EXPECT_EQ(b.data, parts[i].data());  // the stored block itself
+        EXPECT_TRUE(std::equal(b.span().begin(), b.span().end(), payload.begin() + b.offset));
+    }
+    // A store with other blocks gets none (the caller joins a copy): another block size,
+    // other cuts, another hasher.
+    BlockStoreOptions other_hash = small_blocks(100);
+    other_hash.hasher = &constant_hash;
+    for (const auto& [options, other_cuts] :
+         std::vector<std::pair<BlockStoreOptions, std::vector<size_t>>>{
+             {small_blocks(64), cuts},
+             {small_blocks(100), {30}},
+             {small_blocks(100), {}},
+             {small_blocks(100), {30, 250, 300}},
+             {other_hash, cuts}}) {
+        error = ReconstructError::MissingBlock;
+        EXPECT_FALSE(snap->prepare_in_place(options, other_cuts, &error));
+        EXPECT_EQ(error, ReconstructError::None);
+    }
+    // Bad bytes are an error, not a fallback.
+    ASSERT_TRUE(store.debug_corrupt_block(in.payload.blocks[1], 5));
+    EXPECT_FALSE(snap->prepare_in_place(small_blocks(100), cuts, &error));
+    EXPECT_EQ(error, ReconstructError::ChecksumMismatch);
 }
 
 }  // namespace

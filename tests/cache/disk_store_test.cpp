@@ -113,33 +113,48 @@ TEST(DiskStore, CommonPrefixLookupAndTheEntrysTokens) {
 
 TEST(DiskStore, SnapshotWriteLandsEvenAfterTheRamTierDropsItsBlocks) {
     // The record path queues the RAM tier's blocks (shared, not copied): the write still
-    // lands, byte for byte, when the RAM entry is released before the writer runs.
-    TempDir tmp;
-    const NamespaceId ns = test_namespace();
-    auto store = open_ok(quiet_options(tmp.path()));
-    store->set_foreground_busy(true);  // held back until flush()
-    const PrefixPayload p = prefix_payload(ns, 11, 200);
-    BlockStore ram;
-    InsertOutcome stored = ram.insert(p.bytes, p.cuts);
-    ASSERT_TRUE(stored.ok());
-    std::optional<PayloadSnapshot> snap = ram.snapshot(stored.payload);
-    ASSERT_TRUE(snap);
-    ASSERT_EQ(store->submit_write(ns, p.tokens, p.page, p.descriptor, std::move(*snap), p.cuts),
-              DiskSubmit::Queued);
-    ASSERT_EQ(ram.release(stored.payload), ReleaseError::None);
-    EXPECT_EQ(ram.stats().physical_bytes, 0u);  // the RAM tier holds nothing now
-    store->flush();
-    std::vector<uint8_t> bytes;
-    ASSERT_EQ(read_exact(*store, ns, p, &bytes), DiskReadError::None);
-    EXPECT_EQ(bytes, p.bytes);
-    EXPECT_EQ(store->stats().queued_bytes, 0u);
-    // A snapshot of the wrong size for its descriptor is refused at submit.
-    const PrefixPayload q = prefix_payload(ns, 12, 100);
-    InsertOutcome other = ram.insert(p.bytes, p.cuts);
-    ASSERT_TRUE(other.ok());
-    EXPECT_EQ(store->submit_write(ns, q.tokens, q.page, q.descriptor, *ram.snapshot(other.payload),
-                                  q.cuts),
-              DiskSubmit::Invalid);
+    // lands, byte for byte, when the RAM entry is released before the writer runs. Blocks
+    // cut as the disk tier cuts them are written where they are; others (a RAM tier with
+    // smaller blocks) are joined first. Bad blocks are refused either way.
+    for (const size_t ram_block_bytes : {kDefaultBlockBytes, size_t{1000}}) {
+        SCOPED_TRACE(ram_block_bytes);
+        TempDir tmp;
+        const NamespaceId ns = test_namespace();
+        auto store = open_ok(quiet_options(tmp.path()));
+        store->set_foreground_busy(true);  // held back until flush()
+        const PrefixPayload p = prefix_payload(ns, 11, 200);
+        BlockStore ram(BlockStoreOptions{.block_bytes = ram_block_bytes});
+        InsertOutcome stored = ram.insert(p.bytes, p.cuts);
+        ASSERT_TRUE(stored.ok());
+        std::optional<PayloadSnapshot> snap = ram.snapshot(stored.payload);
+        ASSERT_TRUE(snap);
+        ASSERT_EQ(store->submit_write(ns, p.tokens, p.page, p.descriptor, std::move(*snap), p.cuts),
+                  DiskSubmit::Queued);
+        ASSERT_EQ(ram.release(stored.payload), ReleaseError::None);
+        EXPECT_EQ(ram.stats().physical_bytes, 0u);  // the RAM tier holds nothing now
+        store->flush();
+        std::vector<uint8_t> bytes;
+        ASSERT_EQ(read_exact(*store, ns, p, &bytes), DiskReadError::None);
+        EXPECT_EQ(bytes, p.bytes);
+        EXPECT_EQ(store->stats().queued_bytes, 0u);
+        // A snapshot of the wrong size for its descriptor is refused at submit.
+        const PrefixPayload q = prefix_payload(ns, 12, 100);
+        InsertOutcome other = ram.insert(p.bytes, p.cuts);
+        ASSERT_TRUE(other.ok());
+        EXPECT_EQ(store->submit_write(ns, q.tokens, q.page, q.descriptor,
+                                      *ram.snapshot(other.payload), q.cuts),
+                  DiskSubmit::Invalid);
+        // A corrupt block is a failed write, not a stored entry.
+        InsertOutcome bad = ram.insert(q.bytes, q.cuts);
+        ASSERT_TRUE(bad.ok());
+        ASSERT_TRUE(ram.debug_corrupt_block(bad.payload.blocks.back(), 0));
+        ASSERT_EQ(store->submit_write(ns, q.tokens, q.page, q.descriptor,
+                                      *ram.snapshot(bad.payload), q.cuts),
+                  DiskSubmit::Queued);
+        store->flush();
+        EXPECT_EQ(store->stats().write_failures, 1u);
+        EXPECT_FALSE(store->contains(ns, q.tokens, q.page));
+    }
 }
 
 TEST(DiskStore, WritesWaitWhileTheForegroundComputesWithinBounds) {
