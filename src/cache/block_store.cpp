@@ -33,6 +33,47 @@ uint64_t payload_checksum(uint64_t size, std::span<const Hash128> hashes,
     return sum;
 }
 
+uint64_t payload_checksum(uint64_t size, std::span<const PreparedPayload::Block> blocks) {
+    std::vector<Hash128> hashes;
+    std::vector<size_t> sizes;
+    hashes.reserve(blocks.size());
+    sizes.reserve(blocks.size());
+    for (const PreparedPayload::Block& b : blocks) {
+        hashes.push_back(b.hash);
+        sizes.push_back(b.size);
+    }
+    return payload_checksum(size, hashes, sizes);
+}
+
+// Calls block(offset, size) for every block of a `size`-byte payload cut at `cuts` (valid:
+// strictly increasing inside (0, size)) and every `block_bytes` after a cut, in order, while
+// it returns true. False if one returned false.
+template <typename F>
+bool for_each_block(size_t size, std::span<const size_t> cuts, size_t block_bytes, F&& block) {
+    size_t segment_begin = 0;
+    for (size_t i = 0; i <= cuts.size(); ++i) {
+        const size_t segment_end = i < cuts.size() ? cuts[i] : size;
+        for (size_t off = segment_begin; off < segment_end; off += block_bytes) {
+            if (!block(off, std::min(block_bytes, segment_end - off))) {
+                return false;
+            }
+        }
+        segment_begin = segment_end;
+    }
+    return true;
+}
+
+bool valid_cuts(size_t size, std::span<const size_t> cuts) {
+    size_t prev = 0;
+    for (size_t cut : cuts) {
+        if (cut <= prev || cut >= size) {
+            return false;
+        }
+        prev = cut;
+    }
+    return true;
+}
+
 }  // namespace
 
 Hash128 xxh3_128(std::span<const uint8_t> bytes) {
@@ -98,34 +139,17 @@ PreparedPayload BlockStore::prepare(std::span<const uint8_t> bytes,
     PreparedPayload out;
     out.bytes = bytes;
     out.size = bytes.size();
-    size_t prev = 0;
-    for (size_t cut : cuts) {
-        if (cut <= prev || cut >= bytes.size()) {
-            out.error = InsertError::InvalidCuts;
-            return out;
-        }
-        prev = cut;
+    if (!valid_cuts(bytes.size(), cuts)) {
+        out.error = InsertError::InvalidCuts;
+        return out;
     }
     const auto start = std::chrono::steady_clock::now();
-    size_t segment_begin = 0;
-    for (size_t i = 0; i <= cuts.size(); ++i) {
-        const size_t segment_end = i < cuts.size() ? cuts[i] : bytes.size();
-        for (size_t off = segment_begin; off < segment_end; off += options_.block_bytes) {
-            const size_t len = std::min(options_.block_bytes, segment_end - off);
-            out.blocks.push_back(
-                {off, len, options_.hasher(bytes.subspan(off, len)), bytes.data() + off});
-        }
-        segment_begin = segment_end;
-    }
-    std::vector<Hash128> hashes;
-    std::vector<size_t> sizes;
-    hashes.reserve(out.blocks.size());
-    sizes.reserve(out.blocks.size());
-    for (const auto& b : out.blocks) {
-        hashes.push_back(b.hash);
-        sizes.push_back(b.size);
-    }
-    out.checksum = payload_checksum(bytes.size(), hashes, sizes);
+    for_each_block(bytes.size(), cuts, options_.block_bytes, [&](size_t off, size_t len) {
+        out.blocks.push_back(
+            {off, len, options_.hasher(bytes.subspan(off, len)), bytes.data() + off});
+        return true;
+    });
+    out.checksum = payload_checksum(bytes.size(), out.blocks);
     out.hash_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
@@ -395,44 +419,26 @@ std::optional<PreparedPayload> PayloadSnapshot::prepare_in_place(const BlockStor
     if (*error != ReconstructError::None || cutting.hasher != hasher_ || cutting.block_bytes == 0) {
         return std::nullopt;
     }
-    // The blocks prepare() cuts: a segment between cuts, then every block_bytes. Each must be
-    // one stored part. (Invalid cuts: not lined up, the joined path's prepare() reports them.)
+    // The blocks prepare() cuts must each be one stored part. (Invalid cuts: not lined up,
+    // the joined path's prepare() reports them.)
     size_t part = 0;
-    size_t segment_begin = 0;
-    for (size_t i = 0; i <= cuts.size(); ++i) {
-        const size_t segment_end = i < cuts.size() ? cuts[i] : static_cast<size_t>(size_);
-        if (segment_end <= segment_begin && i < cuts.size()) {
-            return std::nullopt;
-        }
-        for (size_t off = segment_begin; off < segment_end; off += cutting.block_bytes) {
-            const size_t len = std::min(cutting.block_bytes, segment_end - off);
-            if (part >= parts_.size() || parts_[part].size != len) {
-                return std::nullopt;
-            }
-            ++part;
-        }
-        segment_begin = segment_end;
-    }
-    if (part != parts_.size()) {
+    const bool lined_up = valid_cuts(size_, cuts) &&
+                          for_each_block(size_, cuts, cutting.block_bytes, [&](size_t, size_t len) {
+                              return part < parts_.size() && parts_[part++].size == len;
+                          });
+    if (!lined_up || part != parts_.size()) {
         return std::nullopt;
     }
     const auto start = std::chrono::steady_clock::now();
     PreparedPayload out;
     out.size = size_;
     out.blocks.reserve(parts_.size());
-    std::vector<Hash128> hashes;
-    std::vector<size_t> sizes;
-    hashes.reserve(parts_.size());
-    sizes.reserve(parts_.size());
     size_t off = 0;
     for (const Part& p : parts_) {
-        const Hash128 hash = hasher_({p.data.get(), p.size});
-        out.blocks.push_back({off, p.size, hash, p.data.get()});
-        hashes.push_back(hash);
-        sizes.push_back(p.size);
+        out.blocks.push_back({off, p.size, hasher_({p.data.get(), p.size}), p.data.get()});
         off += p.size;
     }
-    out.checksum = payload_checksum(size_, hashes, sizes);
+    out.checksum = payload_checksum(size_, out.blocks);
     if (out.checksum != checksum_) {
         *error = ReconstructError::ChecksumMismatch;
         return std::nullopt;
