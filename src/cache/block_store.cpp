@@ -155,6 +155,19 @@ PreparedPayload BlockStore::prepare(std::span<const uint8_t> bytes,
     return out;
 }
 
+PreparedPayload BlockStore::prepare(const PayloadSnapshot& snapshot, std::span<const size_t> cuts,
+                                    std::vector<uint8_t>& joined, ReconstructError* error) const {
+    if (std::optional<PreparedPayload> in_place =
+            snapshot.prepare_in_place(options_, cuts, error)) {
+        return std::move(*in_place);
+    }
+    if (*error == ReconstructError::None &&
+        (*error = snapshot.reconstruct_into(joined)) == ReconstructError::None) {
+        return prepare(joined, cuts);
+    }
+    return {};
+}
+
 void BlockStore::erase_block(BlockId id) {
     auto it = blocks_.find(id);
     auto bucket = by_hash_.find(it->second.hash);

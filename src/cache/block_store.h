@@ -204,6 +204,13 @@ class BlockStore {
     // Cuts and hashes; thread-safe. `cuts` are byte offsets where a block must end.
     PreparedPayload prepare(std::span<const uint8_t> bytes,
                             std::span<const size_t> cuts = {}) const;
+    // The same blocks for a stored payload: the snapshot's own blocks where they line up
+    // (PayloadSnapshot::prepare_in_place, no copy), else a copy joined into `joined` (reused
+    // across calls) and cut. Either way verified against the snapshot's checksum: when that
+    // fails, *error says why and nothing is prepared. Refers to the snapshot's blocks or to
+    // `joined`, which must outlive it.
+    PreparedPayload prepare(const PayloadSnapshot& snapshot, std::span<const size_t> cuts,
+                            std::vector<uint8_t>& joined, ReconstructError* error) const;
     // Stores a prepared payload; on any failure every change is rolled back.
     InsertOutcome commit(const PreparedPayload& prepared);
     InsertOutcome insert(std::span<const uint8_t> bytes, std::span<const size_t> cuts = {}) {

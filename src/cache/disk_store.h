@@ -389,7 +389,8 @@ class DiskStore final : public LeaseOwner {
     void writer_loop();
     std::optional<DiskHit> acquire_locked(EntryId entry, size_t len);  // caller holds mu_
     void sweep();
-    // Writes the job's payload: `prep` names its blocks (in job.bytes or in job.snapshot).
+    // Writes the job's payload: `prep` names its blocks (in job.bytes, job.snapshot or
+    // write_buffer_).
     void run_write(WriteJob& job, const PreparedPayload& prep);
     bool write_files(std::vector<Planned>& plan, uint64_t seq, const std::vector<uint8_t>& manifest,
                      int* err, const char** what);

@@ -119,29 +119,19 @@ void DiskStore::writer_loop() {
             counters_.queued_bytes -= job.size();
             lock.unlock();
             // A RAM entry's blocks are written where they are when they are the blocks this
-            // store cuts (the same cuts and block size: the usual case); otherwise they are
-            // joined into the writer's reused buffer (warm pages). Either way the bytes are
-            // verified against the entry's checksum first.
+            // store cuts (the usual case), else joined into the writer's reused buffer (warm
+            // pages); verified against the entry's checksum first.
             ReconstructError error = ReconstructError::None;
-            std::optional<PreparedPayload> prep;
-            if (job.snapshot) {
-                prep = job.snapshot->prepare_in_place(cutter_.options(), job.cuts, &error);
-                if (!prep && error == ReconstructError::None) {
-                    error = job.snapshot->reconstruct_into(write_buffer_);
-                    job.snapshot.reset();
-                    job.bytes = PayloadBytes(std::shared_ptr<const uint8_t[]>(
-                                                 write_buffer_.data(), [](const uint8_t*) {}),
-                                             write_buffer_.size(), false);
-                }
-            }
+            const PreparedPayload prep =
+                job.snapshot ? cutter_.prepare(*job.snapshot, job.cuts, write_buffer_, &error)
+                             : cutter_.prepare(job.bytes.span(), job.cuts);
             if (error != ReconstructError::None) {
                 std::lock_guard failed(mu_);
                 ++counters_.write_failures;
                 counters_.last_error = "write rejected: the queued payload did not reconstruct";
             } else {
-                run_write(job, prep ? *prep : cutter_.prepare(job.bytes.span(), job.cuts));
+                run_write(job, prep);
             }
-            prep.reset();
             job.snapshot.reset();
             job.bytes = PayloadBytes();  // drop the payload before reporting idle
             if (write_buffer_.capacity() > kMaxKeptWriteBuffer) {

@@ -442,21 +442,17 @@ void RedisStore::run_write(Job& job) {
     };
     // A RAM entry's blocks are sent where they are when they are the blocks this store cuts,
     // else joined into the writer's buffer; verified against the RAM tier's checksum first.
-    std::optional<PreparedPayload> in_place;
-    if (job.snapshot) {
-        ReconstructError error = ReconstructError::None;
-        in_place = job.snapshot->prepare_in_place(cutter_.options(), job.cuts, &error);
-        if (!in_place &&
-            (error != ReconstructError::None ||
-             job.snapshot->reconstruct_into(write_buffer_) != ReconstructError::None)) {
-            drop(&RedisStats::write_failures, "write rejected: the payload did not reconstruct");
-            return;
-        }
-    } else {
+    ReconstructError error = ReconstructError::None;
+    if (!job.snapshot) {
         write_buffer_ = std::move(job.bytes);
     }
     const PreparedPayload prep =
-        in_place ? std::move(*in_place) : cutter_.prepare(write_buffer_, job.cuts);
+        job.snapshot ? cutter_.prepare(*job.snapshot, job.cuts, write_buffer_, &error)
+                     : cutter_.prepare(write_buffer_, job.cuts);
+    if (error != ReconstructError::None) {
+        drop(&RedisStats::write_failures, "write rejected: the payload did not reconstruct");
+        return;
+    }
     if (prep.error != InsertError::None) {
         drop(&RedisStats::write_failures, std::string("write rejected: ") + to_string(prep.error));
         return;

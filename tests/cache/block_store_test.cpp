@@ -347,10 +347,32 @@ TEST(BlockStore, PrepareInPlaceGivesTheJoinedPayloadsBlocksWithoutACopy) {
         EXPECT_FALSE(snap->prepare_in_place(options, other_cuts, &error));
         EXPECT_EQ(error, ReconstructError::None);
     }
+    // BlockStore::prepare of the snapshot: the stored blocks where they line up, else a copy
+    // joined into the caller's buffer; the same blocks either way.
+    for (const size_t block_bytes : {size_t{100}, size_t{64}}) {
+        std::vector<uint8_t> buffer;
+        error = ReconstructError::MissingBlock;
+        const PreparedPayload p =
+            BlockStore(small_blocks(block_bytes)).prepare(*snap, cuts, buffer, &error);
+        EXPECT_EQ(error, ReconstructError::None);
+        const PreparedPayload want = BlockStore(small_blocks(block_bytes)).prepare(payload, cuts);
+        EXPECT_EQ(p.checksum, want.checksum);
+        ASSERT_EQ(p.blocks.size(), want.blocks.size());
+        EXPECT_EQ(p.blocks[1].data, block_bytes == 100 ? parts[1].data() : buffer.data() + 30);
+        EXPECT_EQ(buffer.empty(), block_bytes == 100);
+    }
     // Bad bytes are an error, not a fallback.
     ASSERT_TRUE(store.debug_corrupt_block(in.payload.blocks[1], 5));
     EXPECT_FALSE(snap->prepare_in_place(small_blocks(100), cuts, &error));
     EXPECT_EQ(error, ReconstructError::ChecksumMismatch);
+    for (const size_t block_bytes : {size_t{100}, size_t{64}}) {
+        std::vector<uint8_t> buffer;
+        error = ReconstructError::None;
+        EXPECT_TRUE(BlockStore(small_blocks(block_bytes))
+                        .prepare(*snap, cuts, buffer, &error)
+                        .blocks.empty());
+        EXPECT_EQ(error, ReconstructError::ChecksumMismatch);
+    }
 }
 
 }  // namespace
