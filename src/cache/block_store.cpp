@@ -137,7 +137,6 @@ BlockStore::BlockStore(BlockStoreOptions options) : options_(options) {
 PreparedPayload BlockStore::prepare(std::span<const uint8_t> bytes,
                                     std::span<const size_t> cuts) const {
     PreparedPayload out;
-    out.bytes = bytes;
     out.size = bytes.size();
     if (!valid_cuts(bytes.size(), cuts)) {
         out.error = InsertError::InvalidCuts;

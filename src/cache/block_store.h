@@ -126,9 +126,9 @@ struct ReconstructResult {
     bool ok() const { return error == ReconstructError::None; }
 };
 
-// Output of BlockStore::prepare: block boundaries and hashes. Refers to the caller's
-// bytes, which must outlive it (from PayloadSnapshot::prepare_in_place: to the snapshot's
-// blocks, and `bytes` is empty).
+// Output of BlockStore::prepare: block boundaries and hashes. Its blocks refer to the
+// caller's bytes (from PayloadSnapshot::prepare_in_place: to the snapshot's blocks), which
+// must outlive it.
 struct PreparedPayload {
     struct Block {
         size_t offset = 0;  // in the payload
@@ -138,8 +138,7 @@ struct PreparedPayload {
         std::span<const uint8_t> span() const { return {data, size}; }
     };
     InsertError error = InsertError::None;
-    std::span<const uint8_t> bytes;  // the joined payload, when prepared from one
-    uint64_t size = 0;               // payload bytes
+    uint64_t size = 0;  // payload bytes
     std::vector<Block> blocks;
     uint64_t checksum = 0;
     double hash_seconds = 0;
