@@ -443,12 +443,9 @@ void RedisStore::run_write(Job& job) {
     // A RAM entry's blocks are sent where they are when they are the blocks this store cuts,
     // else joined into the writer's buffer; verified against the RAM tier's checksum first.
     ReconstructError error = ReconstructError::None;
-    if (!job.snapshot) {
-        write_buffer_ = std::move(job.bytes);
-    }
     const PreparedPayload prep =
         job.snapshot ? cutter_.prepare(*job.snapshot, job.cuts, write_buffer_, &error)
-                     : cutter_.prepare(write_buffer_, job.cuts);
+                     : cutter_.prepare(job.bytes, job.cuts);
     if (error != ReconstructError::None) {
         drop(&RedisStats::write_failures, "write rejected: the payload did not reconstruct");
         return;

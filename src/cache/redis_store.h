@@ -350,7 +350,8 @@ class RedisStore {
     Conn writer_conn_;                     // writer thread only
     uint64_t writer_generation_ = 0;
     bool writer_fresh_ = false;
-    std::vector<uint8_t> write_buffer_;  // writer thread only
+    // Writer thread only: a queued snapshot whose blocks are not this store's is joined here.
+    std::vector<uint8_t> write_buffer_;
     std::mutex close_mu_;
     std::thread writer_;
 };
