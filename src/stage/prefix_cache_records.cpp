@@ -240,8 +240,8 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
         return;
     }
     const size_t estimate = context.state_size(lane, runtime::StateScope::Full);
-    const uint64_t queued = queued_bytes_->load();
-    if (queued + estimate > queue_budget_bytes_) {
+    const uint64_t room = queue_room();
+    if (estimate > room) {
         event.decision = "dropped_full";
         event.reason = "queued captures at their byte budget";
         telemetry_->record(event);
@@ -250,7 +250,6 @@ void PrefixCacheStage::submit_records(runtime::InferenceContext& context, SeqId 
     // Recycled buffers count against the same budget: the capture takes one that fits (the
     // last restore's import blob or capture, so that its pages are warm), the others give
     // way to it (before it is written, so that they are never resident together).
-    const uint64_t room = queue_budget_bytes_ - queued;
     std::vector<uint8_t> storage = buffers_->take(estimate, room);
     buffers_->trim_idle(room - std::min<uint64_t>(storage.capacity(), room));
     // The one copy on the scheduler thread: the lane's state as llama.cpp exports it.

@@ -247,8 +247,7 @@ bool PrefixCacheStage::import_entry(runtime::InferenceContext& context, SeqId la
         recurrent_only ? runtime::StateScope::PartialOnly : runtime::StateScope::Full;
     bool ok = decoded && context.state_import(blob, lane, scope);
     buffers_->give(std::move(blob));
-    const uint64_t queued = queued_bytes_->load();
-    buffers_->trim_idle(queued < queue_budget_bytes_ ? queue_budget_bytes_ - queued : 0);
+    buffers_->trim_idle(queue_room());
     if (!decoded) {
         return false;
     }

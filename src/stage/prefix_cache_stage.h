@@ -316,6 +316,11 @@ class PrefixCacheStage final : public StageBackend {
     // copies); its idle bytes count against the queue's share of the budget.
     std::shared_ptr<BufferPool> buffers_;
     uint64_t queue_budget_bytes_ = 0;
+    // What the queue's share has left for new captures and idle buffers (0 when full).
+    uint64_t queue_room() const {
+        const uint64_t queued = queued_bytes_->load();
+        return queued < queue_budget_bytes_ ? queue_budget_bytes_ - queued : 0;
+    }
     std::atomic<size_t> lane_tokens_{0};  // written by the scheduler thread, read by /metrics
     std::atomic<size_t> lanes_pending_{0};
     std::atomic<bool> forget_lanes_{false};
