@@ -40,7 +40,7 @@ struct LookupEvent {
     size_t candidates = 0;
     double lookup_ms = 0;
     double reconstruct_ms = 0;  // checking the entry's blocks in place (checksum)
-    double import_ms = 0;  // decoding the blocks into the blob, importing it into the lane
+    double import_ms = 0;       // decoding the blocks into the blob, importing it into the lane
     bool quarantined = false;
 };
 
